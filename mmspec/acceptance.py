@@ -1,0 +1,142 @@
+"""Acceptance rules: which drafted tokens the target keeps, and the one token it adds.
+
+Terms (as in vLLM's rejection sampler): for one row and one round, the verifier scores the root (the
+pending token) and every node of the :class:`~mmspec.tree.DraftTree` in one pass. ``scores[0]`` are the
+target's processed logits after the root and ``scores[i + 1]`` after node ``i``, already passed through
+the same logits processors ``generate`` would apply (repetition penalty, temperature, top-k, top-p, ...).
+A rule walks down from the root and returns the *accepted path* (node indices) and the *next token*:
+the bonus token when the walk ends at a node whose children all failed or that has none, drawn from the
+target (greedy: its argmax; sampling: the residual distribution).
+
+Rules declare ``lossless``. The two here are lossless:
+
+* :class:`GreedyRule`: accept a child iff its token is the target's argmax. Output equals greedy
+  ``generate`` token for token.
+* :class:`SpeculativeSamplingRule`: recursive rejection sampling over the children of each node
+  (SpecInfer's multi-draft rule; for a chain it is exactly Leviathan et al. / Chen et al.). Child ``c``
+  with token ``x`` drawn from ``q_c`` is accepted with probability ``min(1, p'(x) / q_c(x))``; on
+  rejection the residual becomes ``p' <- norm(max(0, p' - q_c))``. A deterministic child (no
+  ``draft_probs``) is a one-hot ``q``, so rejection removes its token from ``p'``: sampling without
+  replacement, which is lossless for any fixed set of proposals. The committed tokens are distributed
+  exactly as plain sampling from the target.
+
+Example:
+    >>> import torch
+    >>> from mmspec.tree import DraftTree
+    >>> tree = DraftTree.from_chain([2, 3])
+    >>> scores = torch.tensor([[0., 0., 9., 0.], [0., 0., 0., 9.], [9., 0., 0., 0.]])
+    >>> GreedyRule().accept(tree, scores)
+    AcceptResult(path=[0, 1], next_token=0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import DraftTree
+
+__all__ = ["AcceptResult", "AcceptanceRule", "GreedyRule", "SpeculativeSamplingRule", "get_rule"]
+
+
+@dataclass
+class AcceptResult:
+    """Outcome of one row's round: accepted node indices (root to leaf) and the next token."""
+
+    path: list
+    next_token: int
+
+
+class AcceptanceRule:
+    """Base class. Subclasses set ``name`` and ``lossless`` and implement :meth:`accept`."""
+
+    name = "base"
+    lossless = False
+
+    def accept(self, tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> AcceptResult:
+        """Walk ``tree`` under the target's processed ``scores`` (``[len(tree) + 1, V]``)."""
+        raise NotImplementedError  # abstract: every concrete rule overrides it
+
+
+class GreedyRule(AcceptanceRule):
+    """Exact match to the target's argmax, for chains and trees (first matching child wins)."""
+
+    name = "greedy"
+    lossless = True
+
+    def accept(self, tree, scores, generator=None):
+        best = scores.argmax(dim=-1).tolist()
+        kids = tree.children()
+        tokens = tree.tokens
+        path: list[int] = []
+        cur = -1
+        while True:
+            want = best[cur + 1]
+            nxt = next((c for c in kids[cur + 1] if tokens[c] == want), None)
+            if nxt is None:
+                return AcceptResult(path, int(want))
+            path.append(nxt)
+            cur = nxt
+
+
+class SpeculativeSamplingRule(AcceptanceRule):
+    """Lossless speculative sampling: Leviathan/Chen on chains, recursive rejection on trees."""
+
+    name = "speculative_sampling"
+    lossless = True
+
+    def accept(self, tree, scores, generator=None):
+        probs = torch.softmax(scores.float(), dim=-1)
+        q_all = tree.draft_probs
+        kids = tree.children()
+        tokens = tree.tokens
+        path: list[int] = []
+        cur = -1
+        while True:
+            p = probs[cur + 1].clone()
+            accepted = None
+            for c in kids[cur + 1]:
+                x = int(tokens[c])
+                u = torch.rand((), generator=generator, device=p.device)
+                if q_all is None:
+                    if u < p[x]:
+                        accepted = c
+                        break
+                    p[x] = 0.0
+                else:
+                    q = q_all[c].to(p.device, torch.float32)
+                    if q[x] <= 0 or u * q[x] < p[x]:  # u < p/q without dividing by zero
+                        accepted = c
+                        break
+                    p = torch.clamp(p - q, min=0.0)
+                total = p.sum()
+                if total <= 0:
+                    # p' == q_c exactly: rejection had probability 0, so any p' is correct; keep p.
+                    p = probs[cur + 1].clone()
+                else:
+                    p = p / total
+            if accepted is None:
+                nxt = torch.multinomial(p, 1, generator=generator).item()
+                return AcceptResult(path, int(nxt))
+            path.append(accepted)
+            cur = accepted
+
+
+_RULES = {"greedy": GreedyRule, "speculative_sampling": SpeculativeSamplingRule}
+
+
+def get_rule(rule: "str | AcceptanceRule | None", do_sample: bool) -> AcceptanceRule:
+    """Resolve a rule by name (or pass one through); ``None`` picks the lossless rule for the mode.
+
+    Example:
+        >>> get_rule(None, do_sample=True).name
+        'speculative_sampling'
+    """
+    if isinstance(rule, AcceptanceRule):
+        return rule
+    if rule is None:
+        rule = "speculative_sampling" if do_sample else "greedy"
+    if rule not in _RULES:
+        raise ValueError(f"unknown acceptance rule {rule!r}; known: {sorted(_RULES)}")
+    return _RULES[rule]()

@@ -1,0 +1,126 @@
+"""Draft-model drafting: a smaller Hugging Face model with the target's tokenizer proposes a chain.
+
+The draft model runs through the same :class:`~mmspec.target.TargetAdapter` as the target, so it gets
+the same prefill path, positions adapter and KV compaction: a VLM drafter with M-RoPE (a small Qwen2-VL
+for a large one) drafts at the right positions, which serving engines do not support yet. A text-only
+drafter for a VLM target reads the prompt's token ids only.
+
+Per round the drafter (1) feeds the tokens the target committed since its last step, (2) drafts
+``num_draft_tokens`` tokens autoregressively (greedy, or sampled with ``draft_probs`` attached when the
+target samples, which keeps speculative sampling exact), and (3) after verification drops what the
+target rejected from its own cache.
+
+Example:
+    >>> drafter = DraftModelDrafter(small_model, num_draft_tokens=4)      # doctest: +SKIP
+    >>> mmspec.generate(big_model, inputs, drafter=drafter, max_new_tokens=64)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import DrafterMismatchError
+from ..target import TargetAdapter
+from ..tree import DraftTree
+from .base import DraftContext, Drafter, RoundResult
+
+__all__ = ["DraftModelDrafter"]
+
+_VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids",
+                "token_type_ids", "pixel_attention_mask", "image_sizes", "second_per_grid_ts")
+
+
+def _vocab_size(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+class DraftModelDrafter(Drafter):
+    """Chain drafts from a smaller model sharing the target's vocabulary.
+
+    Args:
+        model: the draft model (``from_pretrained``), same tokenizer as the target.
+        num_draft_tokens: chain depth per round.
+        temperature: draft temperature when the target samples (the draft distribution ``q``).
+    """
+
+    kind = "draft-model"
+
+    def __init__(self, model, num_draft_tokens: int = 4, temperature: float = 1.0):
+        self.model = model
+        self.num_draft_tokens = num_draft_tokens
+        self.temperature = temperature
+        self.adapter = TargetAdapter(model)
+        self.state = None
+
+    def bind(self, model) -> None:
+        if _vocab_size(model) != _vocab_size(self.model):
+            raise DrafterMismatchError(
+                f"draft model vocabulary ({_vocab_size(self.model)}) differs from the target's ({_vocab_size(model)}); "
+                "a draft model must share the target's tokenizer"
+            )
+
+    def _model_inputs(self, ctx: DraftContext) -> tuple[torch.Tensor, dict]:
+        inputs = dict(ctx.model_inputs)
+        ids = inputs.pop("input_ids").to(self.model.device)
+        accepts = set(__import__("inspect").signature(self.model.forward).parameters)
+        kwargs = {k: v.to(self.model.device) if isinstance(v, torch.Tensor) else v
+                  for k, v in inputs.items() if k in accepts or k == "attention_mask"}
+        return ids, kwargs
+
+    def begin(self, ctx: DraftContext) -> None:
+        ids, kwargs = self._model_inputs(ctx)
+        self.state, _, _ = self.adapter.prefill(ids, kwargs)
+        self.rows = list(range(ids.shape[0]))
+        # Tokens committed by the target but not yet in the draft cache, per original row.
+        self.uncached = {r: [seq[-1]] for r, seq in zip(ctx.rows, ctx.sequences)}
+        self._sync_rows(ctx.rows)
+
+    def _sync_rows(self, rows: list[int]) -> None:
+        if rows != self.rows:
+            keep = [self.rows.index(r) for r in rows]
+            self.adapter.select_rows(self.state, keep)
+            self.rows = list(rows)
+
+    def _pick(self, logits: torch.Tensor, ctx: DraftContext):
+        if not ctx.do_sample:
+            return logits.argmax(-1), None
+        probs = torch.softmax(logits / self.temperature, dim=-1)
+        return torch.multinomial(probs.cpu(), 1, generator=ctx.generator).squeeze(-1).to(logits.device), probs
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> list[DraftTree]:
+        self._sync_rows(ctx.rows)
+        st = self.state
+        # (1) catch up: the first uncached token is the pending one, the rest go in as a chain.
+        pend = [self.uncached[r] for r in ctx.rows]
+        st.pending = torch.tensor([p[0] for p in pend], dtype=torch.long, device=self.model.device)
+        chains = [DraftTree.from_chain(p[1:]) for p in pend]
+        out, _ = self.adapter.score(st, chains)
+        last = torch.stack([out.logits[i, len(p) - 1] for i, p in enumerate(pend)])
+        tok, probs = self._pick(last, ctx)
+        self.adapter.commit(st, [list(range(len(p) - 1)) for p in pend], tok)
+        drafted, qs = [tok], [probs]
+        # (2) draft autoregressively; each step caches the previous draft token.
+        for _ in range(self.num_draft_tokens - 1):
+            out, _ = self.adapter.score(st, [DraftTree.empty()] * len(ctx.rows))
+            tok, probs = self._pick(out.logits[:, 0], ctx)
+            self.adapter.commit(st, [[] for _ in ctx.rows], tok)
+            drafted.append(tok)
+            qs.append(probs)
+        toks = torch.stack(drafted, dim=1).tolist()
+        trees = []
+        for i in range(len(ctx.rows)):
+            q = None if qs[0] is None else torch.stack([p[i] for p in qs]).cpu()
+            trees.append(DraftTree.from_chain(toks[i], q))
+        self._drafted = toks
+        return trees
+
+    def observe(self, ctx: DraftContext, result: RoundResult) -> None:
+        k = self.num_draft_tokens
+        drop = []
+        for r, toks, path, nxt in zip(ctx.rows, self._drafted, result.paths, result.next_tokens):
+            a = len(path)
+            # The cache holds drafts 1..k-1; keep the accepted ones, the k-th (never fed) stays uncached.
+            drop.append((k - 1) - min(a, k - 1))
+            self.uncached[r] = ([toks[k - 1]] if a == k else []) + [nxt]
+        self.adapter.truncate(self.state, drop)

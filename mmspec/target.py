@@ -1,0 +1,305 @@
+"""The target adapter: prefill, score a batch of draft trees in one pass, commit accepted paths.
+
+It wraps a transformers ``PreTrainedModel`` as loaded (no copied modeling code, nothing patched) and owns
+its KV cache. The batch is kept as one padded cache ``[B, H, L, D]`` per layer with a boolean
+``valid[B, L]`` saying which slots hold committed tokens; rows are right-aligned (left padding), so
+rows that accepted different lengths share one tensor. After every round :meth:`TargetAdapter.commit`
+gathers each row's committed slots (old prefix, the pending token, the accepted path) and re-pads: the
+cache length is the longest row's committed length, nothing rejected survives.
+
+Scoring feeds ``[pending token] + tree nodes`` per row with an explicit 4-D mask (each node sees the
+row's committed slots, the root and its own ancestors) and explicit per-node positions from the
+:class:`~mmspec.positions.StreamPositions` adapter, so the model's own mask and position logic is never
+asked to guess.
+
+Example:
+    >>> adapter = TargetAdapter(model)                          # doctest: +SKIP
+    >>> state, logits, _ = adapter.prefill(processor_outputs)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import UnsupportedModelError
+from .positions import StreamPositions, prefill_position_ids
+from .tree import DraftTree
+
+__all__ = ["TargetAdapter", "TargetState", "ScoreOutput", "pack_trees"]
+
+# Inputs that only the prefill needs; decode steps must not see them again.
+_TYPE_ID_KEYS = ("token_type_ids", "mm_token_type_ids")
+
+
+@dataclass
+class TargetState:
+    """What the adapter keeps between rounds for the rows still generating.
+
+    Attributes:
+        cache: the transformers cache (``DynamicCache``), ``[B, H, L, D]`` per layer.
+        valid: ``bool[B, L]``, true where the slot holds a committed token.
+        positions: next positions per row (see :class:`~mmspec.positions.StreamPositions`).
+        pending: ``int64[B]``: each row's last committed token, not yet in the cache.
+        last_type_ids: last ``token_type_ids`` value per row, for models that read it while decoding.
+    """
+
+    cache: object
+    valid: torch.Tensor
+    positions: StreamPositions
+    pending: torch.Tensor
+    last_type_ids: dict = field(default_factory=dict)
+
+    @property
+    def cache_length(self) -> int:
+        """Slots per row in the cache (the longest row's committed length, minus the pending token)."""
+        return int(self.valid.shape[1])
+
+    @property
+    def committed_lengths(self) -> torch.Tensor:
+        """``int64[B]``: committed tokens held in the cache per row."""
+        return self.valid.sum(dim=1)
+
+
+@dataclass
+class ScoreOutput:
+    """Target outputs for ``[root] + nodes`` of every row: ``logits[B, Q, V]`` and requested hidden states."""
+
+    logits: torch.Tensor
+    hidden_states: dict
+
+
+def pack_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad a batch of trees into the ragged-to-dense layout one verify pass consumes.
+
+    Returns ``tokens[B, N]``, ``offsets[B, 1 + N]`` (depth; the root is 0), ``tree_mask[B, 1+N, 1+N]``
+    (ancestor-or-self, root column always visible) and ``n_nodes[B]``. Padding nodes see only the root and
+    themselves, and are never accepted.
+
+    Example:
+        >>> from mmspec.tree import DraftTree
+        >>> toks, offs, mask, n = pack_trees([DraftTree.from_chain([4, 5]), DraftTree.from_chain([6])])
+        >>> toks.tolist(), offs.tolist(), n.tolist()
+        ([[4, 5], [6, 0]], [[0, 1, 2], [0, 1, 1]], [2, 1])
+    """
+    import numpy as np
+
+    b = len(trees)
+    n = max((len(t) for t in trees), default=0)
+    tokens = np.zeros((b, n), np.int64)
+    offsets = np.zeros((b, 1 + n), np.int64)
+    mask = np.zeros((b, 1 + n, 1 + n), dtype=bool)
+    mask[:, :, 0] = True
+    idx = np.arange(1 + n)
+    mask[:, idx, idx] = True
+    counts = np.zeros(b, np.int64)
+    for r, t in enumerate(trees):
+        k = len(t)
+        counts[r] = k
+        if k:
+            tokens[r, :k] = t.tokens
+            offsets[r, 1 : 1 + k] = t.depth
+            mask[r, 1 : 1 + k, 1 : 1 + k] = t.ancestor_mask()
+        offsets[r, 1 + k :] = 1
+    return (torch.from_numpy(tokens), torch.from_numpy(offsets), torch.from_numpy(mask), torch.from_numpy(counts))
+
+
+class TargetAdapter:
+    """Drive a Hugging Face causal (V)LM as the verifier of speculative decoding.
+
+    Args:
+        model: a transformers model with a language-modelling head (``...ForCausalLM`` or
+            ``...ForConditionalGeneration``), as returned by ``from_pretrained``.
+        hidden_layers: indices into the model's ``hidden_states`` output (0 = embeddings, ``-1`` = last
+            layer) that drafters read; returned from the same pass that scores the tree.
+    """
+
+    def __init__(self, model, hidden_layers: tuple = ()):
+        if not hasattr(model, "generate") or not hasattr(model, "_prepare_position_ids_for_generation"):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is not a generating transformers model; mmspec drives decoder-only "
+                "causal LMs and vision-language models loaded with from_pretrained "
+                "(e.g. Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Idefics3/SmolVLM, PaliGemma)."
+            )
+        if model.config.is_encoder_decoder:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is an encoder-decoder model; mmspec supports decoder-only causal LMs and "
+                "VLMs (Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Idefics3/SmolVLM, PaliGemma)."
+            )
+        self.model = model
+        self.hidden_layers = tuple(hidden_layers)
+        self.device = model.device
+        self._bool_mask = model.config._attn_implementation in ("sdpa", "flash_attention_2", "flex_attention")
+
+    # ------------------------------------------------------------------ prefill
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, model_kwargs: dict):
+        """Run the prompt (with its images) through the target, as ``generate``'s first step does.
+
+        Returns ``(state, last_logits[B, V], hidden)`` where ``hidden`` maps each requested layer to its
+        ``[B, L, H]`` states over the prompt.
+        """
+        from transformers import DynamicCache
+
+        model = self.model
+        attention_mask = model_kwargs.get("attention_mask")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        kwargs = dict(model_kwargs)
+        kwargs["attention_mask"] = attention_mask
+        position_ids = prefill_position_ids(model, input_ids, kwargs)
+        if position_ids is None:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}.forward takes no position_ids; mmspec needs explicit positions to verify trees."
+            )
+        kwargs["position_ids"] = position_ids
+        cache = DynamicCache(config=model.config)
+        inputs = model.prepare_inputs_for_generation(
+            input_ids, cache=cache, use_cache=True, is_first_iteration=True, **kwargs
+        )
+        out = model(**inputs, return_dict=True, output_hidden_states=bool(self.hidden_layers))
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        self._check_cache(cache)
+        state = TargetState(
+            cache=cache,
+            valid=attention_mask.bool().to(self.device),
+            positions=StreamPositions(position_ids),
+            pending=torch.zeros(input_ids.shape[0], dtype=torch.long, device=self.device),
+            last_type_ids={k: kwargs[k][:, -1:] for k in ("token_type_ids",) if kwargs.get(k) is not None},
+        )
+        return state, out.logits[:, -1].float(), self._pick_hidden(out)
+
+    def _check_cache(self, cache) -> None:
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(cache, "layers", None)
+        if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
+            kinds = sorted({type(layer).__name__ for layer in (layers or [])}) or [type(cache).__name__]
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} uses cache layers {kinds}; mmspec compacts full-attention "
+                "DynamicCache layers only (sliding-window and linear-attention layers are not supported yet)."
+            )
+
+    def _pick_hidden(self, out) -> dict:
+        if not self.hidden_layers:
+            return {}
+        hs = out.hidden_states
+        return {layer: hs[layer] for layer in self.hidden_layers}
+
+    # ------------------------------------------------------------------ score
+    @torch.no_grad()
+    def score(self, state: TargetState, trees: list[DraftTree]) -> tuple[ScoreOutput, tuple]:
+        """One target pass over every row's ``[pending] + tree``.
+
+        Returns the scores and the packed layout (from :func:`pack_trees`) that :meth:`commit` needs.
+        """
+        tokens, offsets, tree_mask, n_nodes = pack_trees(trees)
+        dev = self.device
+        b = state.pending.shape[0]
+        q = offsets.shape[1]
+        input_ids = torch.cat([state.pending[:, None], tokens.to(dev)], dim=1)
+        full = torch.cat([state.valid[:, None, :].expand(b, q, -1), tree_mask.to(dev)], dim=2)[:, None]
+        if self._bool_mask:
+            mask = full
+        else:
+            dtype = self.model.dtype
+            mask = torch.zeros(full.shape, dtype=dtype, device=dev).masked_fill_(~full, torch.finfo(dtype).min)
+        kwargs = {}
+        if "token_type_ids" in state.last_type_ids:
+            kwargs["token_type_ids"] = state.last_type_ids["token_type_ids"].expand(b, q)
+        if self._wants_mm_type_ids():
+            kwargs["mm_token_type_ids"] = torch.zeros(b, q, dtype=torch.long, device=dev)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=state.positions.for_offsets(offsets.to(dev)),
+            cache=state.cache,
+            use_cache=True,
+            return_dict=True,
+            output_hidden_states=bool(self.hidden_layers),
+            **kwargs,
+        )
+        return ScoreOutput(out.logits.float(), self._pick_hidden(out)), (tokens, offsets, tree_mask, n_nodes)
+
+    def _wants_mm_type_ids(self) -> bool:
+        import inspect
+
+        if not hasattr(self, "_mm_type_ids"):
+            self._mm_type_ids = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
+        return self._mm_type_ids
+
+    # ------------------------------------------------------------------ commit
+    @torch.no_grad()
+    def commit(self, state: TargetState, paths: list[list[int]], next_tokens: torch.Tensor, keep_rows=None) -> None:
+        """Keep each row's committed prefix, its pending token and its accepted ``path``; drop the rest.
+
+        Args:
+            paths: accepted node indices per row (indices into that row's tree).
+            next_tokens: ``int64[B]``, the bonus/corrected token per row: the new pending token.
+            keep_rows: optional batch indices of the rows that go on (finished rows leave the batch).
+        """
+        dev = self.device
+        b = state.valid.shape[0]
+        old_len = state.valid.shape[1]
+        rows = range(b) if keep_rows is None else [int(r) for r in keep_rows]
+        kept = []
+        for r in rows:
+            old = torch.nonzero(state.valid[r], as_tuple=False).flatten()
+            tail = torch.tensor([0] + [1 + i for i in paths[r]], dtype=torch.long, device=dev) + old_len
+            kept.append(torch.cat([old, tail]))
+        row_idx = torch.as_tensor(list(rows), dtype=torch.long, device=dev) if keep_rows is not None else None
+        _regather(state, kept, row_idx)
+        counts = torch.tensor([1 + len(paths[r]) for r in range(b)], dtype=torch.long, device=dev)
+        state.positions.advance(counts)
+        state.pending = next_tokens.to(dev)
+        if keep_rows is not None:
+            state.positions.select_rows(row_idx)
+            state.pending = state.pending[row_idx]
+            state.last_type_ids = {k: v[row_idx] for k, v in state.last_type_ids.items()}
+
+    @torch.no_grad()
+    def select_rows(self, state: TargetState, keep: list[int]) -> None:
+        """Keep only batch rows ``keep`` (rows that finished leave the batch)."""
+        rows = torch.tensor(keep, dtype=torch.long, device=state.valid.device)
+        for layer in state.cache.layers:
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
+        state.valid = state.valid[rows]
+        state.pending = state.pending[rows]
+        state.positions.select_rows(rows)
+        state.last_type_ids = {k: v[rows] for k, v in state.last_type_ids.items()}
+
+    @torch.no_grad()
+    def truncate(self, state: TargetState, drop: list[int]) -> None:
+        """Remove the last ``drop[r]`` committed slots of each row (a drafter rolling back rejected tokens)."""
+        if not any(drop):
+            return
+        dev = self.device
+        kept = []
+        for r, k in enumerate(drop):
+            idx = torch.nonzero(state.valid[r], as_tuple=False).flatten()
+            kept.append(idx[: len(idx) - k] if k else idx)
+        _regather(state, kept)
+        state.positions.advance(-torch.as_tensor(drop, dtype=torch.long, device=dev))
+
+
+def _regather(state: TargetState, kept: list, rows: torch.Tensor | None = None) -> None:
+    """Rebuild the cache from per-row slot lists ``kept`` (right-aligned, left-padded) in one gather per layer.
+
+    ``rows`` optionally selects the batch rows first (``kept[i]`` then refers to row ``rows[i]``).
+    """
+    dev = state.valid.device
+    new_len = max((len(k) for k in kept), default=0)
+    idx = torch.zeros(len(kept), new_len, dtype=torch.long, device=dev)
+    valid = torch.zeros(len(kept), new_len, dtype=torch.bool, device=dev)
+    for i, k in enumerate(kept):
+        idx[i, new_len - len(k):] = k
+        valid[i, new_len - len(k):] = True
+    gather = idx[:, None, :, None]
+    for layer in state.cache.layers:
+        keys = layer.keys if rows is None else layer.keys.index_select(0, rows)
+        values = layer.values if rows is None else layer.values.index_select(0, rows)
+        layer.keys = torch.take_along_dim(keys, gather, dim=2)
+        layer.values = torch.take_along_dim(values, gather, dim=2)
+    state.valid = valid
