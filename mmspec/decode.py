@@ -55,10 +55,14 @@ class _StopStrings:
         self.stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
         self.longest = max(len(s) for s in self.stops)
 
-    def hit(self, generated: list[int]) -> bool:
-        # Decoding only a tail keeps this O(1) per token; a stop string spans at most `longest` characters,
-        # and every token decodes to at least zero, so a tail of `longest + 1` tokens always covers it.
-        tail = generated[-(self.longest + 1) :]
+    def hit(self, history: list[int]) -> bool:
+        """Whether the last token of ``history`` (prompt + generated) completes a stop string.
+
+        As in ``generate``, the string may start in the prompt but must end in the last token. Decoding only
+        a tail keeps this O(1) per token: a stop string of ``n`` characters spans at most ``n`` tokens that
+        decode to at least one character.
+        """
+        tail = history[-(self.longest + 1) :]
         prev = self.tokenizer.decode(tail[:-1])
         text = self.tokenizer.decode(tail)
         return any(s in text and s not in prev for s in self.stops)
@@ -160,6 +164,7 @@ def generate(
         device=device,
         model_kwargs=model_kwargs,
     )
+    row_free = _row_free(processors)
     do_sample = bool(gen_config.do_sample)
     acceptance = get_rule(rule, do_sample)
     if generator is None and seed is not None:
@@ -190,7 +195,9 @@ def generate(
         for tok in new_tokens:
             kept.append(tok)
             generated[r].append(tok)
-            if tok in eos_ids or len(generated[r]) >= max_new or (stopper is not None and stopper.hit(generated[r])):
+            if tok in eos_ids or len(generated[r]) >= max_new or (
+                stopper is not None and stopper.hit(prompt_rows[r][-stopper.longest - 1 :] + generated[r])
+            ):
                 return kept, True
         return kept, False
 
@@ -253,7 +260,8 @@ def generate(
         t2 = time.perf_counter()
         paths, nexts, finished = [], [], []
         for i, (r, tree) in enumerate(zip(active, trees)):
-            row_scores = _process_row(processors, padded_prompt[r], generated[r], tree, out.logits[i, : len(tree) + 1])
+            row_scores = _process_row(processors, row_free, r, batch, padded_prompt[r], generated[r], tree,
+                                      out.logits[i, : len(tree) + 1])
             res = acceptance.accept(tree, row_scores, generator)
             paths.append(res.path)
             nexts.append(res.next_token)
@@ -287,7 +295,31 @@ def generate(
     return GenerateOutput(torch.cat([padded_prompt, tail], dim=1).to(device), stats)
 
 
-def _process_row(processors, prompt_row: torch.Tensor, generated: list[int], tree: DraftTree, logits: torch.Tensor):
+# Processors whose output for a row depends only on that row's input_ids and scores: they can score tree
+# nodes of several rows in one call. Any other processor may hold per-row state (a batch-shaped tensor, a
+# batch id), so each node is scored in its own row's slot of a full-batch call.
+_ROW_FREE = {
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "TemperatureLogitsWarper", "TopPLogitsWarper",
+    "TopKLogitsWarper", "TopHLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper",
+    "EtaLogitsWarper", "NoRepeatNGramLogitsProcessor", "SequenceBiasLogitsProcessor", "NoBadWordsLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor",
+    "ExponentialDecayLengthPenalty", "LogitNormalization", "SuppressTokensLogitsProcessor",
+    "SuppressTokensAtBeginLogitsProcessor",
+}
+
+
+def _row_free(processors) -> bool:
+    for p in processors:
+        name = type(p).__name__
+        if name == "RepetitionPenaltyLogitsProcessor" and not isinstance(p.prompt_ignore_length, torch.Tensor):
+            continue
+        if name not in _ROW_FREE:
+            return False
+    return True
+
+
+def _process_row(processors, row_free: bool, row: int, batch: int, prompt_row: torch.Tensor, generated: list[int],
+                 tree: DraftTree, logits: torch.Tensor):
     """Apply ``generate``'s logits processors to the root and every node, each on its own history.
 
     A node's history is what ``generate``'s ``input_ids`` would hold when scoring it: the padded prompt
@@ -295,19 +327,19 @@ def _process_row(processors, prompt_row: torch.Tensor, generated: list[int], tre
     """
     if len(processors) == 0:
         return logits
-    base = torch.cat([prompt_row, torch.tensor(generated, dtype=prompt_row.dtype)])
+    dev = logits.device
+    base = torch.cat([prompt_row, torch.tensor(generated, dtype=prompt_row.dtype)]).to(dev)
     n = len(tree)
-    if n == 0:
-        return processors(base[None].to(logits.device), logits)
-    # Node histories: base + tokens on the path to the node. Nodes at one depth share a length: batch them.
-    depth = tree.depth
+    hists = [base] + [torch.cat([base, torch.as_tensor(tree.tokens[tree.path_to(i)], device=dev)]) for i in range(n)]
     out = torch.empty_like(logits)
-    out[0:1] = processors(base[None].to(logits.device), logits[0:1])
-    for d in range(1, int(depth.max()) + 1):
-        nodes = [i for i in range(n) if depth[i] == d]
-        hist = torch.stack(
-            [torch.cat([base, torch.as_tensor(tree.tokens[tree.path_to(i)], dtype=base.dtype)]) for i in nodes]
-        )
-        rows = torch.tensor(nodes) + 1
-        out[rows] = processors(hist.to(logits.device), logits[rows])
+    if row_free:
+        # Histories of one depth share a length: one call per depth.
+        depth = [0] + tree.depth.tolist()
+        for d in sorted(set(depth)):
+            idx = [i for i, x in enumerate(depth) if x == d]
+            out[idx] = processors(torch.stack([hists[i] for i in idx]), logits[idx])
+        return out
+    for i, h in enumerate(hists):
+        res = processors(h[None].expand(batch, -1).contiguous(), logits[i : i + 1].expand(batch, -1).clone())
+        out[i] = res[row]
     return out
