@@ -87,6 +87,8 @@ class SpeculativeSamplingRule(AcceptanceRule):
     lossless = True
 
     def accept(self, tree, scores, generator=None):
+        if generator is not None and generator.device != scores.device:
+            scores = scores.to(generator.device)  # draws must come from the caller's generator
         probs = torch.softmax(scores.float(), dim=-1)
         q_all = tree.draft_probs
         kids = tree.children()
