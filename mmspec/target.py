@@ -29,7 +29,7 @@ from .tree import DraftTree
 
 __all__ = ["TargetAdapter", "TargetState", "ScoreOutput", "pack_trees"]
 
-# Inputs that only the prefill needs; decode steps must not see them again.
+# Per-token type inputs that generate keeps extending while decoding.
 _TYPE_ID_KEYS = ("token_type_ids", "mm_token_type_ids")
 
 
@@ -42,14 +42,15 @@ class TargetState:
         valid: ``bool[B, L]``, true where the slot holds a committed token.
         positions: next positions per row (see :class:`~mmspec.positions.StreamPositions`).
         pending: ``int64[B]``: each row's last committed token, not yet in the cache.
-        last_type_ids: last ``token_type_ids`` value per row, for models that read it while decoding.
+        new_type_ids: per row, the ``token_type_ids`` / ``mm_token_type_ids`` value ``generate`` feeds with
+            each new token (only for inputs the call had).
     """
 
     cache: object
     valid: torch.Tensor
     positions: StreamPositions
     pending: torch.Tensor
-    last_type_ids: dict = field(default_factory=dict)
+    new_type_ids: dict = field(default_factory=dict)
 
     @property
     def cache_length(self) -> int:
@@ -164,11 +165,21 @@ class TargetAdapter:
         state = TargetState(
             cache=cache,
             valid=attention_mask.bool().to(self.device),
-            positions=StreamPositions(position_ids),
+            # The positions the model actually received: prepare_inputs_for_generation may shift them
+            # (PaliGemma's are 1-indexed), and generate applies the same shift at every step.
+            positions=StreamPositions(inputs.get("position_ids", position_ids)),
             pending=torch.zeros(input_ids.shape[0], dtype=torch.long, device=self.device),
-            last_type_ids={k: kwargs[k][:, -1:] for k in ("token_type_ids",) if kwargs.get(k) is not None},
+            new_type_ids=self._new_token_type_ids(kwargs),
         )
         return state, out.logits[:, -1].float(), self._pick_hidden(out)
+
+    def _new_token_type_ids(self, kwargs: dict) -> dict:
+        """The type id ``generate`` gives each new token, per row, asked of the model's own update rule."""
+        present = {k: kwargs[k] for k in _TYPE_ID_KEYS if kwargs.get(k) is not None}
+        if not present:
+            return {}
+        updated = self.model._update_model_kwargs_for_generation({}, dict(present), num_new_tokens=1)
+        return {k: updated[k][:, -1:] for k in present}
 
     def _check_cache(self, cache) -> None:
         from transformers.cache_utils import DynamicLayer
@@ -205,11 +216,7 @@ class TargetAdapter:
         else:
             dtype = self.model.dtype
             mask = torch.zeros(full.shape, dtype=dtype, device=dev).masked_fill_(~full, torch.finfo(dtype).min)
-        kwargs = {}
-        if "token_type_ids" in state.last_type_ids:
-            kwargs["token_type_ids"] = state.last_type_ids["token_type_ids"].expand(b, q)
-        if self._wants_mm_type_ids():
-            kwargs["mm_token_type_ids"] = torch.zeros(b, q, dtype=torch.long, device=dev)
+        kwargs = {k: v.expand(b, q) for k, v in state.new_type_ids.items()}
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -221,13 +228,6 @@ class TargetAdapter:
             **kwargs,
         )
         return ScoreOutput(out.logits.float(), self._pick_hidden(out)), (tokens, offsets, tree_mask, n_nodes)
-
-    def _wants_mm_type_ids(self) -> bool:
-        import inspect
-
-        if not hasattr(self, "_mm_type_ids"):
-            self._mm_type_ids = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
-        return self._mm_type_ids
 
     # ------------------------------------------------------------------ commit
     @torch.no_grad()
@@ -256,7 +256,7 @@ class TargetAdapter:
         if keep_rows is not None:
             state.positions.select_rows(row_idx)
             state.pending = state.pending[row_idx]
-            state.last_type_ids = {k: v[row_idx] for k, v in state.last_type_ids.items()}
+            state.new_type_ids = {k: v[row_idx] for k, v in state.new_type_ids.items()}
 
     @torch.no_grad()
     def select_rows(self, state: TargetState, keep: list[int]) -> None:
@@ -268,7 +268,7 @@ class TargetAdapter:
         state.valid = state.valid[rows]
         state.pending = state.pending[rows]
         state.positions.select_rows(rows)
-        state.last_type_ids = {k: v[rows] for k, v in state.last_type_ids.items()}
+        state.new_type_ids = {k: v[rows] for k, v in state.new_type_ids.items()}
 
     @torch.no_grad()
     def truncate(self, state: TargetState, drop: list[int]) -> None:
