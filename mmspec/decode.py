@@ -124,7 +124,13 @@ def generate(
     input_ids = inputs.get("input_ids")
     if input_ids is None:
         raise InvalidInputError("inputs must contain input_ids (pass what the model's processor returns)")
-    gen_config, extra_model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    requested = kwargs.get("max_new_tokens")
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested <= 0):
+        raise InvalidInputError(f"max_new_tokens must be a positive integer (got {requested!r})")
+    try:
+        gen_config, extra_model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    except ValueError as e:  # GenerationConfig.validate: bad generation arguments are the caller's error
+        raise InvalidInputError(f"invalid generation arguments: {e}") from e
     model_kwargs.update(extra_model_kwargs)
     if getattr(gen_config, "num_beams", 1) not in (None, 1):
         raise InvalidInputError("beam search is not speculative decoding; use num_beams=1")

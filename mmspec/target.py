@@ -106,6 +106,10 @@ def pack_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, torc
     return (torch.from_numpy(tokens), torch.from_numpy(offsets), torch.from_numpy(mask), torch.from_numpy(counts))
 
 
+# Architectures the test-suite proves lossless (named in every "unsupported model" message).
+TESTED_ARCHITECTURES = "Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Idefics3/SmolVLM, PaliGemma"
+
+
 class TargetAdapter:
     """Drive a Hugging Face causal (V)LM as the verifier of speculative decoding.
 
@@ -120,13 +124,12 @@ class TargetAdapter:
         if not hasattr(model, "generate") or not hasattr(model, "_prepare_position_ids_for_generation"):
             raise UnsupportedModelError(
                 f"{type(model).__name__} is not a generating transformers model; mmspec drives decoder-only "
-                "causal LMs and vision-language models loaded with from_pretrained "
-                "(e.g. Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Idefics3/SmolVLM, PaliGemma)."
+                f"causal LMs and vision-language models loaded with from_pretrained (tested: {TESTED_ARCHITECTURES})."
             )
         if model.config.is_encoder_decoder:
             raise UnsupportedModelError(
                 f"{type(model).__name__} is an encoder-decoder model; mmspec supports decoder-only causal LMs and "
-                "VLMs (Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Idefics3/SmolVLM, PaliGemma)."
+                f"VLMs (tested: {TESTED_ARCHITECTURES})."
             )
         self.model = model
         self.hidden_layers = tuple(hidden_layers)

@@ -1,0 +1,132 @@
+"""The ``mmspec`` command line: ``mmspec generate`` and ``mmspec demo``.
+
+Why: trying a drafter on a checkpoint should not need a script. Errors a user can cause (a missing
+image, a prompt past the context window, an unsupported model, a drafter for another target) print
+one line to stderr and exit with status 2, without a traceback; anything else is a bug and shows one.
+
+Example:
+    $ mmspec demo
+    $ mmspec generate --model ./tiny-vlm --image page.png --prompt "Describe the image." \\
+          --drafter lookup --max-new-tokens 32 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main", "build_parser"]
+
+EXIT_USER_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``mmspec`` (subcommands ``generate`` and ``demo``).
+
+    Example:
+        >>> build_parser().parse_args(["generate", "--model", "m", "--prompt", "hi"]).max_new_tokens
+        64
+    """
+    parser = argparse.ArgumentParser(prog="mmspec", description="Lossless speculative decoding for (V)LMs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    g = sub.add_parser("generate", help="generate text for a prompt (and images) with a drafter",
+                       description="Load a checkpoint with MMSpecPipeline.from_pretrained and generate.")
+    g.add_argument("--model", required=True, help="target checkpoint: a folder written by save_pretrained (or hub id)")
+    g.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image file; repeat for several images")
+    g.add_argument("--prompt", required=True, help="the user prompt")
+    g.add_argument("--drafter", default="lookup",
+                   help="'lookup' (default), 'draft-model:PATH', another registered kind, or 'none'")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    g.add_argument("--dtype", default=None, help="model dtype (e.g. float32, bfloat16, auto)")
+    g.add_argument("--device-map", default=None, help="e.g. auto, cpu, cuda:0")
+    g.add_argument("--task", default=None, help="force a pipeline task (default: chosen from the model type)")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow custom code from the checkpoint")
+    g.add_argument("--json", action="store_true", help='print {"text": ..., "stats": {...}} as JSON')
+
+    d = sub.add_parser("demo", help="run the bundled demo (a tiny random Qwen2-VL, built locally)")
+    d.add_argument("--out-dir", default=None, help="where the tiny model lives (default ~/.cache/mmspec/tiny-vlm)")
+    d.add_argument("--max-new-tokens", type=int, default=48)
+    return parser
+
+
+def _generate(args) -> int:
+    from .pipelines import MMSpecPipeline
+
+    drafter = None if args.drafter in (None, "", "none") else args.drafter
+    pipe = MMSpecPipeline.from_pretrained(args.model, drafter=drafter, task=args.task, dtype=args.dtype,
+                                          device_map=args.device_map, trust_remote_code=args.trust_remote_code)
+    kwargs = {}
+    if args.do_sample:
+        kwargs["do_sample"] = True
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(args, name) is not None:
+                kwargs[name] = getattr(args, name)
+        if args.seed is not None:
+            kwargs["seed"] = args.seed
+    else:
+        kwargs["do_sample"] = False
+    out = pipe(images=list(args.image) or None, prompt=args.prompt, max_new_tokens=args.max_new_tokens, **kwargs)
+    if args.json:
+        print(json.dumps({"text": out.text, "stats": out.stats.to_dict()}))
+    else:
+        print(out.text)
+        print(str(out.stats))
+    return 0
+
+
+def _demo(args) -> int:
+    from .demo import run_demo
+
+    out = run_demo(out_dir=args.out_dir, max_new_tokens=args.max_new_tokens)
+    return 0 if out.info.get("matches_generate", True) else 1
+
+
+def _quiet_transformers() -> None:
+    # Weight-loading progress bars and advisory warnings are noise on a command line.
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a hard dependency
+        return
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def main(argv=None) -> int:
+    """Run the ``mmspec`` command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Why: the console script (``mmspec = mmspec.cli:main``) and tests call the same function; tests run it
+    in-process. User errors (:class:`mmspec.MMSpecError`) print ``mmspec: error: ...`` and return 2.
+
+    Example:
+        >>> main(["generate", "--model", "/no/such/model", "--prompt", "hi"])     # doctest: +SKIP
+        mmspec: error: model folder not found: /no/such/model
+        2
+    """
+    from .errors import MMSpecError
+
+    args = build_parser().parse_args(argv)
+    _quiet_transformers()
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        return _demo(args)
+    except MMSpecError as e:
+        msg = " ".join(str(e).split())
+        print(f"mmspec: error: {msg}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("mmspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Pipelines: ``MMSpecPipeline.from_pretrained(target, drafter=...)`` and its output type.
+
+Why: most users hold a checkpoint, not a processor-and-model pair; they want one call that loads the
+target the way transformers would, pairs it with a drafter, and returns text plus the run's statistics.
+The base class reads the checkpoint's config, asks the registry (:mod:`mmspec.registry`) which pipeline
+serves that model type, and lets the chosen class load itself. Modality packages provide the concrete
+pipelines (``mmspec.vision.VLMPipeline`` for VLMs and text LMs) and register them; this module never
+imports them.
+
+Supported model types are declared once, on each pipeline class (``model_types``), registered from there,
+and read back through :func:`supported_model_types` (and every "unsupported" error message).
+
+Example:
+    >>> from mmspec import MMSpecPipeline                                              # doctest: +SKIP
+    >>> pipe = MMSpecPipeline.from_pretrained("path/to/qwen2-vl", drafter="lookup")     # doctest: +SKIP
+    >>> out = pipe(images=["page.png"], prompt="Transcribe this page.", max_new_tokens=256)  # doctest: +SKIP
+    >>> out.text, out.stats.tau                                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
+from .registry import make_drafter, pipeline_class_for, supported_model_types, supported_tasks
+from .stats import SpecStats
+
+__all__ = ["MMSpecPipeline", "PipelineOutput", "supported_model_types", "supported_tasks", "context_window",
+           "load_target_config", "check_max_new_tokens"]
+
+
+@dataclass
+class PipelineOutput:
+    """What a pipeline call returns.
+
+    Attributes:
+        text: the generated text (new tokens only, special tokens skipped); a ``str`` for one prompt,
+            a ``list[str]`` for a batch.
+        sequences: ``[B, P + T]`` token ids, prompt included, exactly as ``model.generate`` returns them.
+        stats: the run's :class:`~mmspec.SpecStats` (τ, acceptance, histogram, timings).
+        info: extra facts about the run (e.g. the demo stores ``matches_generate`` here).
+    """
+
+    text: list[str] | str
+    sequences: "torch.Tensor"
+    stats: SpecStats
+    info: dict = field(default_factory=dict)
+
+
+def context_window(model_or_config) -> int | None:
+    """The model's context window (``max_position_embeddings`` of the text model), or ``None`` if unknown.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> context_window(LlamaConfig(max_position_embeddings=128))
+        128
+    """
+    cfg = getattr(model_or_config, "config", model_or_config)
+    for c in (getattr(cfg, "text_config", None), cfg):
+        if c is not None and getattr(c, "max_position_embeddings", None):
+            return int(c.max_position_embeddings)
+    return None
+
+
+def load_target_config(target, trust_remote_code: bool = False):
+    """Read a checkpoint's config with ``AutoConfig`` (local folder or hub id), as errors mmspec names.
+
+    Why: choosing a pipeline needs only the config, and a missing folder or an unknown architecture
+    should fail here with a clear :class:`~mmspec.MMSpecError`, before any weights are read.
+
+    Example:
+        >>> load_target_config("/no/such/folder")
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: model folder not found: /no/such/folder
+    """
+    from transformers import AutoConfig
+
+    target = os.path.expanduser(os.fspath(target))
+    looks_local = os.path.isabs(target) or target.startswith(".") or target.count("/") != 1
+    if looks_local and not os.path.isdir(target):
+        raise InvalidInputError(f"model folder not found: {target}")
+    try:
+        return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except ValueError as e:  # unknown model_type, or custom code without trust_remote_code
+        raise UnsupportedModelError(
+            f"cannot read the config of {target}: {e}. Supported model types: {', '.join(supported_model_types())}"
+        ) from e
+    except OSError as e:
+        raise InvalidInputError(f"cannot read the config of {target}: {e}") from e
+
+
+class MMSpecPipeline:
+    """Base class of the task pipelines; ``MMSpecPipeline.from_pretrained`` picks the right one.
+
+    Subclasses set ``task`` and ``model_types`` (the one list of model types they drive), implement
+    :meth:`_from_config` (load model and processor) and ``__call__``, and are registered by their
+    modality package with :func:`mmspec.registry.register_pipeline`.
+
+    Attributes:
+        model: the target, as loaded by transformers.
+        processor: its processor (or tokenizer, for text-only targets).
+        drafter: the drafter paired with the target (``None``: plain decoding through the same loop).
+    """
+
+    task: str = ""
+    model_types: tuple = ()
+
+    def __init__(self, model, processor, drafter=None):
+        self.model = model
+        self.processor = processor
+        self.drafter = make_drafter(drafter, model)
+
+    @classmethod
+    def from_pretrained(cls, target, drafter=None, task=None, dtype=None, device_map=None, **kw):
+        """Load ``target`` (local folder or hub id) into the pipeline that serves it, paired with ``drafter``.
+
+        Why: one call from checkpoint to a ready speculative decoder; the pipeline class is chosen from
+        the checkpoint's ``config.model_type`` (or forced with ``task``), and a drafter that does not fit
+        the target is refused here, before any generation.
+
+        Args:
+            target: a folder written by ``save_pretrained`` or a hub id (hub ids need network access).
+            drafter: anything :func:`mmspec.registry.make_drafter` takes: ``None``, a Drafter,
+                ``"lookup"``, ``"draft-model:PATH"``, ``{"kind": ..., ...}``.
+            task: force a pipeline (``"vlm"``, ...); by default chosen from the model type.
+            dtype, device_map: passed to the model's ``from_pretrained`` (``device_map="auto"`` spreads a
+                large target over the GPUs with accelerate).
+            **kw: further ``from_pretrained`` arguments; ``trust_remote_code`` stays ``False`` unless passed.
+
+        Raises:
+            UnsupportedModelError: a model type no pipeline serves (the message lists those that are).
+            InvalidInputError: the folder does not exist or cannot be read.
+            DrafterMismatchError: the drafter was built for another target.
+
+        Example:
+            >>> pipe = MMSpecPipeline.from_pretrained("path/to/tiny-vlm", drafter="lookup")  # doctest: +SKIP
+            >>> type(pipe).__name__                                                          # doctest: +SKIP
+            'VLMPipeline'
+        """
+        trust_remote_code = bool(kw.pop("trust_remote_code", False))
+        config = load_target_config(target, trust_remote_code=trust_remote_code)
+        model_type = getattr(config, "model_type", None)
+        if cls is MMSpecPipeline:
+            pipe_cls = pipeline_class_for(task=task, model_type=model_type)
+        else:
+            pipe_cls = cls
+        if getattr(config, "is_encoder_decoder", False):
+            raise UnsupportedModelError(
+                f"{model_type!r} is an encoder-decoder model; mmspec drives decoder-only (V)LMs. "
+                f"Supported model types: {', '.join(supported_model_types())}"
+            )
+        return pipe_cls._from_config(os.path.expanduser(os.fspath(target)), config, drafter=drafter, dtype=dtype,
+                                     device_map=device_map, trust_remote_code=trust_remote_code, **kw)
+
+    @classmethod
+    def _from_config(cls, target: str, config, drafter=None, dtype=None, device_map=None, trust_remote_code=False,
+                     **kw):
+        """Load the model and processor of ``target`` (whose config is ``config``) and build the pipeline."""
+        raise NotImplementedError(f"{cls.__name__} does not implement _from_config")
+
+    def __call__(self, *args, **kwargs) -> PipelineOutput:
+        raise NotImplementedError(f"{type(self).__name__} does not implement __call__")
+
+    # ------------------------------------------------------------------ helpers for subclasses
+    @property
+    def context_window(self) -> int | None:
+        """The target's context window in tokens (``None`` if the config does not say)."""
+        return context_window(self.model)
+
+    def check_context(self, prompt_lengths, max_new_tokens: int) -> None:
+        """Raise :class:`~mmspec.ContextLengthError` if a prompt does not fit the context window.
+
+        A prompt that fits but leaves less than ``max_new_tokens`` of room only warns, as ``generate``
+        does (generation may run past the trained window; RoPE models extrapolate, badly).
+        """
+        import warnings
+
+        window = self.context_window
+        if window is None:
+            return
+        lengths = [int(n) for n in prompt_lengths]
+        for i, n in enumerate(lengths):
+            if n > window:
+                which = f"prompt {i} has" if len(lengths) > 1 else "the prompt has"
+                raise ContextLengthError(
+                    f"{which} {n} tokens (images included) but the model's context window is {window}; "
+                    "shorten the prompt or use fewer/smaller images"
+                )
+        if max(lengths) + max_new_tokens > window:
+            warnings.warn(
+                f"prompt ({max(lengths)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context window "
+                f"({window}); output past the window is unreliable",
+                stacklevel=3,
+            )
+
+
+def check_max_new_tokens(max_new_tokens) -> int:
+    """Validate ``max_new_tokens`` (a positive int) before any work; returns it.
+
+    Example:
+        >>> check_max_new_tokens(0)
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: max_new_tokens must be a positive integer (got 0)
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise InvalidInputError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r})")
+    return max_new_tokens

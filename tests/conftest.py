@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny real-architecture models built locally once per test session (no network)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# The test models are tiny: thread start-up costs more than the matmuls, and on a busy 2-core machine
+# two threads made a 64-wide forward ~10x slower than one. MMSPEC_TEST_THREADS overrides.
+torch.set_num_threads(int(os.environ.get("MMSPEC_TEST_THREADS", "1")))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory) -> str:
+    """Folder of a tiny random Qwen2-VL (model + processor + tokenizer + chat template)."""
+    from mmspec.demo import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def vlm_pipe(tiny_vlm):
+    """``MMSpecPipeline.from_pretrained(tiny_vlm, drafter="lookup")``, shared (the lookup drafter is stateless)."""
+    from mmspec import MMSpecPipeline
+
+    return MMSpecPipeline.from_pretrained(tiny_vlm, drafter="lookup")
+
+
+@pytest.fixture(scope="session")
+def shapes_image():
+    from mmspec.demo import draw_test_image
+
+    return draw_test_image()
+
+
+@pytest.fixture(scope="session")
+def image_file(tmp_path_factory, shapes_image) -> str:
+    path = tmp_path_factory.mktemp("images") / "shapes.png"
+    shapes_image.save(path)
+    return str(path)

@@ -1,0 +1,20 @@
+"""mmspec.vision: image/video preprocessing and the VLM pipeline.
+
+Importing this package registers :class:`~mmspec.vision.pipeline.VLMPipeline` for the ``"vlm"`` task and
+the model types it drives; the core imports it only lazily, through :mod:`mmspec.registry`.
+
+Example:
+    >>> from mmspec.vision import load_image
+    >>> import numpy as np
+    >>> load_image(np.zeros((2, 3, 3), np.uint8)).size
+    (3, 2)
+"""
+
+from mmspec.registry import register_pipeline
+
+from .images import load_image, load_images
+from .pipeline import VLM_MODEL_TYPES, VLMPipeline
+
+register_pipeline(VLMPipeline.task, VLMPipeline, model_types=VLM_MODEL_TYPES)
+
+__all__ = ["load_image", "load_images", "VLMPipeline", "VLM_MODEL_TYPES"]

@@ -1,0 +1,194 @@
+"""Image loading: one function that turns what users hold into an RGB PIL image, or says clearly why not.
+
+Why: processors accept many image types but fail late and obscurely on bad ones (a missing file, a
+truncated PNG, a zero-width picture, an empty array), often after the model has been loaded or a batch
+has started. Pipelines call :func:`load_image` on every input first, so bad inputs raise
+:class:`mmspec.InvalidImageError` before any model work.
+
+Example:
+    >>> import numpy as np
+    >>> load_image(np.zeros((4, 6, 3), dtype=np.uint8)).size
+    (6, 4)
+    >>> load_image(np.zeros((0, 6, 3)))
+    Traceback (most recent call last):
+    ...
+    mmspec.errors.InvalidImageError: empty image array (shape (0, 6, 3))
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from mmspec.errors import InvalidImageError
+
+__all__ = ["load_image", "load_images"]
+
+_CHANNELS = (1, 3, 4)
+
+
+def load_image(x) -> Image.Image:
+    """Return ``x`` as an RGB ``PIL.Image``; raise :class:`mmspec.InvalidImageError` if it is not a usable image.
+
+    Why: every pipeline validates its images up front with this one function, so users get one clear
+    message (naming the file or the shape) instead of a processor traceback halfway through a job.
+
+    Accepts:
+        * a path (``str`` or ``pathlib.Path``) to an image file Pillow can read (``~`` expanded);
+        * raw encoded bytes (``bytes`` / ``bytearray``);
+        * a ``PIL.Image`` in any mode (converted to RGB; alpha is dropped);
+        * a ``numpy`` array, ``HW`` (grey), ``HWC`` or ``CHW`` with 1, 3 or 4 channels; ``uint8`` as is,
+          floats in ``[0, 1]`` scaled by 255 (other floats and integers clipped to ``[0, 255]``);
+        * a ``torch.Tensor``, same layouts (``CHW`` is tried first for tensors, ``HWC`` first for arrays).
+
+    Raises:
+        InvalidImageError: missing, unreadable or empty file; URL (nothing is downloaded); zero-size
+            image; empty array; unsupported shape or type.
+
+    Example:
+        >>> from PIL import Image
+        >>> load_image(Image.new("L", (3, 2))).mode
+        'RGB'
+    """
+    if isinstance(x, Image.Image):
+        return _check_pil(x, "image").convert("RGB")
+    if isinstance(x, (str, os.PathLike)):
+        return _from_path(x)
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        if len(x) == 0:
+            raise InvalidImageError("empty image bytes")
+        return _open(io.BytesIO(bytes(x)), "image bytes")
+    if _is_tensor(x):
+        arr = x.detach().cpu()
+        if arr.dtype.is_floating_point and arr.dtype not in (_torch().float32, _torch().float64):
+            arr = arr.float()
+        return _from_array(arr.numpy(), channels_first=True)
+    if isinstance(x, np.ndarray):
+        return _from_array(x, channels_first=False)
+    raise InvalidImageError(
+        f"cannot use a {type(x).__name__} as an image; pass a file path, a PIL image, a numpy array or a torch tensor"
+    )
+
+
+def load_images(images) -> list[Image.Image]:
+    """:func:`load_image` over a list (``None`` gives ``[]``, a single image gives a one-element list).
+
+    Example:
+        >>> import numpy as np
+        >>> len(load_images([np.zeros((2, 2, 3), np.uint8)] * 2))
+        2
+    """
+    if images is None:
+        return []
+    if isinstance(images, (list, tuple)):
+        out = []
+        for i, im in enumerate(images):
+            try:
+                out.append(load_image(im))
+            except InvalidImageError as e:
+                if len(images) == 1:
+                    raise
+                raise InvalidImageError(f"image {i}: {e}") from e
+        return out
+    return [load_image(images)]
+
+
+# ---------------------------------------------------------------------------- internals
+def _torch():
+    import torch
+
+    return torch
+
+
+def _is_tensor(x) -> bool:
+    mod = type(x).__module__
+    return mod.startswith("torch") and hasattr(x, "detach")
+
+
+def _check_pil(img: Image.Image, what: str) -> Image.Image:
+    w, h = img.size
+    if w <= 0 or h <= 0:
+        raise InvalidImageError(f"{what} has zero size ({w}x{h} pixels)")
+    return img
+
+
+def _from_path(p) -> Image.Image:
+    s = os.fspath(p)
+    if isinstance(s, bytes):
+        s = os.fsdecode(s)
+    if "://" in s and not os.path.exists(s):
+        raise InvalidImageError(f"{s} looks like a URL; mmspec does not download images, save it to a file first")
+    path = Path(os.path.expanduser(s))
+    if not path.exists():
+        raise InvalidImageError(f"image file not found: {path}")
+    if path.is_dir():
+        raise InvalidImageError(f"image path is a folder, not a file: {path}")
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise InvalidImageError(f"cannot read image file {path}: {e}") from e
+    if size == 0:
+        raise InvalidImageError(f"image file is empty (0 bytes): {path}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InvalidImageError(f"cannot read image file {path}: {e}") from e
+    return _open(io.BytesIO(data), f"image file {path}")
+
+
+def _open(fp, what: str) -> Image.Image:
+    try:
+        with Image.open(fp) as img:
+            img.load()
+            _check_pil(img, what)
+            return img.convert("RGB")
+    except InvalidImageError:
+        raise
+    except UnidentifiedImageError as e:
+        raise InvalidImageError(f"{what} is not an image Pillow can read") from e
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise InvalidImageError(f"{what} is unreadable (truncated or corrupt?): {e}") from e
+
+
+def _from_array(arr: np.ndarray, channels_first: bool) -> Image.Image:
+    if arr.size == 0:
+        raise InvalidImageError(f"empty image array (shape {tuple(arr.shape)})")
+    if arr.ndim == 4 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    elif arr.ndim == 3:
+        chw = arr.shape[0] in _CHANNELS
+        hwc = arr.shape[-1] in _CHANNELS
+        if (channels_first and chw) or (chw and not hwc):
+            arr = np.moveaxis(arr, 0, -1)
+        elif not hwc:
+            raise InvalidImageError(
+                f"cannot tell the channels of an image array of shape {tuple(arr.shape)}; use HW, HWC or CHW with "
+                "1, 3 or 4 channels"
+            )
+    else:
+        raise InvalidImageError(
+            f"an image array must be HW, HWC or CHW (got {arr.ndim} dims, shape {tuple(arr.shape)})"
+        )
+    if arr.dtype == np.bool_:
+        arr = arr.astype(np.uint8) * 255
+    elif np.issubdtype(arr.dtype, np.floating):
+        if not np.isfinite(arr).all():
+            raise InvalidImageError("image array contains NaN or infinite values")
+        if arr.min() >= 0.0 and arr.max() <= 1.0:
+            arr = arr * 255.0
+        arr = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+    elif np.issubdtype(arr.dtype, np.integer):
+        if arr.dtype != np.uint8:
+            arr = np.clip(arr, 0, 255).astype(np.uint8)
+    else:
+        raise InvalidImageError(f"unsupported image array dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr)
+    img = Image.fromarray(arr[:, :, 0] if arr.shape[-1] == 1 else arr)
+    return img.convert("RGB")

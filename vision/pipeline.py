@@ -1,0 +1,217 @@
+"""The VLM pipeline: images + prompt in, text + stats out, speculatively decoded and lossless.
+
+Why: the common case of the design's first user: a vision-language model (or a plain text LM) loaded
+from a checkpoint, a chat prompt with zero or more images, and the same text ``model.generate`` would
+write, sooner. Everything that can be wrong with the request (no tokens to generate, a bad image, a
+prompt past the context window) raises a :class:`mmspec.MMSpecError` before the model runs.
+
+Example:
+    >>> from mmspec import MMSpecPipeline                                        # doctest: +SKIP
+    >>> pipe = MMSpecPipeline.from_pretrained("path/to/qwen2-vl", drafter="lookup")  # doctest: +SKIP
+    >>> pipe(images=["a.png", "b.png"], prompt="What differs?", max_new_tokens=64).text  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from mmspec.decode import generate
+from mmspec.errors import InvalidImageError, InvalidInputError, UnsupportedModelError
+from mmspec.pipelines import MMSpecPipeline, PipelineOutput, check_max_new_tokens
+from mmspec.registry import make_drafter
+
+from .images import load_image
+
+__all__ = ["VLMPipeline", "VLM_MODEL_TYPES"]
+
+VLM_MODEL_TYPES = (
+    # vision-language models (AutoModelForImageTextToText)
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "idefics3", "smolvlm", "paligemma",
+    # text-only decoder LMs (AutoModelForCausalLM)
+    "llama", "qwen2", "qwen3",
+)
+"""The model types :class:`VLMPipeline` drives (the registry's one list for the ``"vlm"`` task)."""
+
+_UNSET = object()
+
+
+class VLMPipeline(MMSpecPipeline):
+    """Chat-style generation for VLMs and text LMs with a speculative drafter.
+
+    Loads ``AutoProcessor`` and ``AutoModelForImageTextToText`` (``AutoModelForCausalLM`` for text-only
+    targets); the tokenizer pads on the left, as batched generation needs.
+
+    Example:
+        >>> pipe = VLMPipeline.from_pretrained("path/to/tiny-vlm", drafter="lookup")   # doctest: +SKIP
+        >>> out = pipe(images=[img], prompt="Describe the image.", max_new_tokens=32)   # doctest: +SKIP
+        >>> out.text, str(out.stats)                                                   # doctest: +SKIP
+    """
+
+    task = "vlm"
+    model_types = VLM_MODEL_TYPES
+
+    def __init__(self, model, processor, drafter=None):
+        super().__init__(model, processor, drafter=drafter)
+        self.tokenizer = getattr(processor, "tokenizer", None) or processor
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.takes_images = getattr(processor, "image_processor", None) is not None
+
+    @classmethod
+    def _from_config(cls, target, config, drafter=None, dtype=None, device_map=None, trust_remote_code=False, **kw):
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+        if type(config) in AutoModelForImageTextToText._model_mapping:
+            auto, loader = AutoModelForImageTextToText, AutoProcessor
+        elif type(config) in AutoModelForCausalLM._model_mapping:
+            auto, loader = AutoModelForCausalLM, AutoTokenizer  # text-only: the tokenizer is the processor
+        else:
+            raise UnsupportedModelError(
+                f"{config.model_type!r} has no image-text-to-text or causal-LM class in transformers; "
+                f"supported model types: {', '.join(VLM_MODEL_TYPES)}"
+            )
+        try:
+            processor = loader.from_pretrained(target, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise InvalidInputError(f"cannot load the processor/tokenizer of {target}: {e}") from e
+        load = dict(kw)
+        if dtype is not None:
+            load["dtype"] = dtype
+        if device_map is not None:
+            load["device_map"] = device_map
+        model = auto.from_pretrained(target, config=config, trust_remote_code=trust_remote_code, **load).eval()
+        return cls(model, processor, drafter=drafter)
+
+    # ------------------------------------------------------------------ request handling
+    def _normalize(self, images, prompt):
+        """``(prompts, image_lists, batched)`` with every image loaded; raises on malformed requests."""
+        if isinstance(prompt, str):
+            prompts, batched = [prompt], False
+            image_lists = [_as_list(images)]
+        elif isinstance(prompt, (list, tuple)):
+            prompts, batched = list(prompt), True
+            if not prompts:
+                raise InvalidInputError("the prompt list is empty")
+            if images is None:
+                image_lists = [[] for _ in prompts]
+            elif isinstance(images, (list, tuple)) and len(images) == len(prompts):
+                image_lists = [_as_list(x) for x in images]
+            else:
+                raise InvalidInputError(
+                    f"for a batch of {len(prompts)} prompts pass images as a list of {len(prompts)} entries "
+                    "(each an image, a list of images, or None)"
+                )
+        elif prompt is None:
+            raise InvalidInputError("a prompt is required (a string, or a list of strings for a batch)")
+        else:
+            raise InvalidInputError(f"prompt must be a string or a list of strings (got {type(prompt).__name__})")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise InvalidInputError(f"prompt {i} must be a string (got {type(p).__name__})")
+        loaded = []
+        for r, lst in enumerate(image_lists):
+            row = []
+            for j, im in enumerate(lst):
+                try:
+                    row.append(load_image(im))
+                except InvalidImageError as e:
+                    where = ([f"prompt {r}"] if batched else []) + ([f"image {j}"] if len(lst) > 1 else [])
+                    if not where:
+                        raise
+                    raise InvalidImageError(f"{', '.join(where)}: {e}") from e
+            loaded.append(row)
+        if any(loaded) and not self.takes_images:
+            raise InvalidInputError(f"{type(self.model).__name__} is a text-only model; it takes no images")
+        return prompts, loaded, batched
+
+    def _chat_text(self, prompt: str, n_images: int) -> str:
+        template_owner = self.processor if self.takes_images else self.tokenizer
+        if getattr(template_owner, "chat_template", None) is None:
+            if n_images:
+                raise InvalidInputError(
+                    "the processor has no chat template, so mmspec cannot place the image tokens; "
+                    "pass a processor with a chat template"
+                )
+            return prompt
+        if self.takes_images:
+            content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": prompt}]
+        else:
+            content = prompt
+        messages = [{"role": "user", "content": content}]
+        return template_owner.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def prepare(self, images=None, prompt=None):
+        """The processor outputs (``input_ids``, ``attention_mask``, ``pixel_values``, ...) for a request.
+
+        Why: the exact inputs the pipeline decodes from, e.g. to compare with plain ``model.generate``
+        (the demo and the tests do). Same arguments as :meth:`__call__`; validates the images.
+
+        Example:
+            >>> inputs = pipe.prepare(images=[img], prompt="Describe the image.")      # doctest: +SKIP
+            >>> pipe.model.generate(**inputs, max_new_tokens=16, do_sample=False)       # doctest: +SKIP
+        """
+        prompts, image_lists, _ = self._normalize(images, prompt)
+        return self._encode(prompts, image_lists)
+
+    def _encode(self, prompts, image_lists):
+        texts = [self._chat_text(p, len(ims)) for p, ims in zip(prompts, image_lists)]
+        flat = [im for ims in image_lists for im in ims]
+        try:
+            if self.takes_images:
+                return self.processor(images=flat or None, text=texts, return_tensors="pt", padding=True)
+            has_template = getattr(self.tokenizer, "chat_template", None) is not None
+            return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not has_template)
+        except (ValueError, TypeError) as e:
+            raise InvalidInputError(f"the processor rejected the request: {e}") from e
+
+    def decode_new(self, sequences, prompt_length: int) -> list[str]:
+        """Decode the generated part (after ``prompt_length`` columns) of each row, special tokens skipped.
+
+        Example:
+            >>> pipe.decode_new(out.sequences, inputs["input_ids"].shape[1])            # doctest: +SKIP
+        """
+        return self.tokenizer.batch_decode(sequences[:, prompt_length:], skip_special_tokens=True)
+
+    def __call__(self, images=None, prompt=None, max_new_tokens: int = 64, **generate_kwargs) -> PipelineOutput:
+        """Generate a reply to ``prompt`` about ``images``; returns text, sequences and stats.
+
+        Why: the one call most users make. Validation comes first (``max_new_tokens``, every image, the
+        context window), then one :func:`mmspec.generate` over the processed batch.
+
+        Args:
+            images: ``None``, one image or a list of images for a single prompt (each a path, PIL image,
+                numpy array or tensor); for a batch, a list with one entry per prompt (an image, a list of
+                images, or ``None``).
+            prompt: a string, or a list of strings for a batch.
+            max_new_tokens: tokens to generate at most (> 0).
+            **generate_kwargs: passed to :func:`mmspec.generate` (``do_sample``, ``temperature``,
+                ``top_p``, ``seed``, ``stop_strings``, ``rule``, ...); ``drafter=`` overrides the pipeline's
+                drafter for this call.
+
+        Raises:
+            InvalidInputError: ``max_new_tokens <= 0``, malformed prompt/images arguments.
+            InvalidImageError: an image that cannot be read, is empty or has a zero-size side.
+            ContextLengthError: a prompt (image tokens included) longer than the context window.
+
+        Example:
+            >>> out = pipe(images=["a.png"], prompt="Describe the image.", max_new_tokens=32)  # doctest: +SKIP
+            >>> out = pipe(images=[["a.png"], ["b.png", "c.png"]], prompt=["Describe.", "Compare."])  # doctest: +SKIP
+        """
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        drafter = generate_kwargs.pop("drafter", _UNSET)
+        drafter = self.drafter if drafter is _UNSET else make_drafter(drafter, self.model)
+        generate_kwargs.pop("tokenizer", None)
+        prompts, image_lists, batched = self._normalize(images, prompt)
+        inputs = self._encode(prompts, image_lists)
+        self.check_context(inputs["attention_mask"].sum(dim=1).tolist(), max_new_tokens)
+        out = generate(self.model, inputs, drafter=drafter, tokenizer=self.tokenizer, max_new_tokens=max_new_tokens,
+                       **generate_kwargs)
+        texts = self.decode_new(out.sequences, inputs["input_ids"].shape[1])
+        return PipelineOutput(text=texts if batched else texts[0], sequences=out.sequences, stats=out.stats)
+
+
+def _as_list(images) -> list:
+    if images is None:
+        return []
+    if isinstance(images, (list, tuple)):
+        return list(images)
+    return [images]
