@@ -3,7 +3,8 @@
 The copy regime of OCR, grounded VQA and editing: the continuation of the last ``n`` tokens has often
 been seen before in the prompt or in what was generated. For ``n`` from ``max_ngram`` down to
 ``min_ngram`` the drafter finds earlier occurrences of the row's last ``n`` tokens, most recent first,
-and takes the ``num_draft_tokens`` tokens that followed each. Up to ``max_matches`` distinct
+and takes the ``num_draft_tokens`` tokens that followed each (a continuation that runs into the end of the
+sequence is extended with the period of the match, so repeated text gets full-depth drafts). Up to ``max_matches`` distinct
 continuations are merged into one prefix tree (``max_matches=1`` gives the classic PLD chain), so when
 the same n-gram was followed by different text the target can still accept the right branch.
 
@@ -56,15 +57,29 @@ class PromptLookupDrafter(Drafter):
             windows = np.lib.stride_tricks.sliding_window_view(seq[: length - 1], n)
             starts = np.nonzero((windows == tail).all(axis=1))[0]
             for s in starts[::-1]:  # most recent first
-                cont = seq[s + n: s + n + self.num_draft_tokens]
-                key = tuple(cont.tolist())
-                if len(cont) == 0 or key in seen:
+                key = self._continuation(seq, s + n)
+                if key in seen:
                     continue
                 seen.add(key)
                 found.append(list(key))
                 if len(found) >= self.max_matches:
                     return found
         return found
+
+    def _continuation(self, seq: np.ndarray, start: int) -> tuple:
+        """The tokens after ``seq[start - 1]``, extended periodically past the end of the sequence.
+
+        A match close to the end (repetitive text, lists, tables) would leave a short continuation; since the
+        tail repeats what followed ``start - period`` tokens earlier, the draft continues with the same period
+        instead of stopping at the sequence end.
+        """
+        length = len(seq)
+        period = length - start
+        k = np.arange(self.num_draft_tokens)
+        idx = start + k
+        past = idx >= length
+        idx[past] = start + (k[past] % period)
+        return tuple(seq[idx].tolist())
 
     def propose(self, ctx: DraftContext) -> list[DraftTree]:
         return [DraftTree.from_sequences(self.candidates(seq), budget=self.budget) for seq in ctx.sequences]

@@ -1,0 +1,32 @@
+"""Prompt-lookup drafter: candidate order, periodic extension, tree merging."""
+
+from mmspec.drafters import PromptLookupDrafter
+from mmspec.drafters.base import DraftContext
+
+
+def test_longest_ngram_and_most_recent_first():
+    d = PromptLookupDrafter(num_draft_tokens=3, max_ngram=3, max_matches=3)
+    seq = [1, 2, 3, 9, 8, 2, 3, 7, 6, 1, 2, 3]
+    # n=3 "1 2 3" matches at 0 -> [9, 8, 2]; n=2 "2 3" at 5 -> [7, 6, 1] (and at 1: a duplicate);
+    # n=1 finds only duplicates again.
+    assert d.candidates(seq) == [[9, 8, 2], [7, 6, 1]]
+
+
+def test_no_match_gives_empty_tree():
+    d = PromptLookupDrafter()
+    ctx = DraftContext(sequences=[[1, 2, 3, 4]], rows=[0], remaining=[10], prompt_lengths=[4])
+    assert len(d.propose(ctx)[0]) == 0
+
+
+def test_continuation_extends_periodically_past_the_end():
+    d = PromptLookupDrafter(num_draft_tokens=7, max_matches=1)
+    assert d.candidates([7, 5, 6, 5, 6, 5, 6]) == [[5, 6, 5, 6, 5, 6, 5]]
+    assert d.candidates([4, 1, 2, 3, 1, 2, 3]) == [[1, 2, 3, 1, 2, 3, 1]]
+
+
+def test_several_matches_merge_into_a_tree():
+    d = PromptLookupDrafter(num_draft_tokens=2, max_ngram=1, max_matches=4)
+    ctx = DraftContext(sequences=[[5, 1, 5, 2, 5, 3, 5]], rows=[0], remaining=[10], prompt_lengths=[7])
+    tree = d.propose(ctx)[0]
+    assert sorted(tree.token_paths()) == [[1, 5], [2, 5], [3, 5]]
+    assert tree.max_depth == 2 and len(tree) == 6
