@@ -101,14 +101,16 @@ class SpeculativeSamplingRule(AcceptanceRule):
             for c in kids[cur + 1]:
                 x = int(tokens[c])
                 u = torch.rand((), generator=generator, device=p.device)
-                if q_all is None:
+                q = None if q_all is None else q_all[c].to(p.device, torch.float32)
+                if q is None or q[x] <= 0:
+                    # A deterministic draft, or a token its q could not have produced (underflow, filtering
+                    # after sampling): a one-hot proposal, which is lossless for any token.
                     if u < p[x]:
                         accepted = c
                         break
                     p[x] = 0.0
                 else:
-                    q = q_all[c].to(p.device, torch.float32)
-                    if q[x] <= 0 or u * q[x] < p[x]:  # u < p/q without dividing by zero
+                    if u * q[x] < p[x]:  # u < p/q without dividing by zero
                         accepted = c
                         break
                     p = torch.clamp(p - q, min=0.0)

@@ -171,6 +171,7 @@ def generate(
         model_kwargs=model_kwargs,
     )
     row_free = _row_free(processors)
+    row_views: dict = {}  # row -> processors specialised to that row (then row-free), or None
     do_sample = bool(gen_config.do_sample)
     acceptance = get_rule(rule, do_sample)
     if generator is None and seed is not None:
@@ -266,13 +267,15 @@ def generate(
         t2 = time.perf_counter()
         paths, nexts, finished = [], [], []
         for i, (r, tree) in enumerate(zip(active, trees)):
-            row_scores = _process_row(processors, row_free, r, batch, padded_prompt[r], generated[r], tree,
-                                      out.logits[i, : len(tree) + 1])
+            procs = processors if row_free else row_views.setdefault(r, _row_view(processors, r))
+            row_scores = _process_row(procs or processors, procs is not None, r, batch, padded_prompt[r],
+                                      generated[r], tree, out.logits[i, : len(tree) + 1])
             res = acceptance.accept(tree, row_scores, generator)
             paths.append(res.path)
             nexts.append(res.next_token)
-            stats.record_row(len(res.path), tree.max_depth, len(tree))
             kept, done = push(r, [int(tree.tokens[j]) for j in res.path] + [res.next_token])
+            # Tokens after a stop (eos inside the accepted path) are not committed: tau counts what was kept.
+            stats.record_row(len(kept) - 1, tree.max_depth, len(tree))
             emit(r, kept)
             finished.append(done)
         t3 = time.perf_counter()
@@ -322,6 +325,24 @@ def _row_free(processors) -> bool:
         if name not in _ROW_FREE:
             return False
     return True
+
+
+def _row_view(processors, row: int):
+    """``processors`` specialised to batch row ``row`` so that one call can score many nodes, or ``None``."""
+    import copy
+
+    from transformers import LogitsProcessorList
+
+    out = LogitsProcessorList()
+    for p in processors:
+        name = type(p).__name__
+        if name == "RepetitionPenaltyLogitsProcessor" and isinstance(p.prompt_ignore_length, torch.Tensor):
+            p = copy.copy(p)
+            p.prompt_ignore_length = int(p.prompt_ignore_length[row])
+        elif name not in _ROW_FREE and name != "RepetitionPenaltyLogitsProcessor":
+            return None
+        out.append(p)
+    return out
 
 
 def _process_row(processors, row_free: bool, row: int, batch: int, prompt_row: torch.Tensor, generated: list[int],

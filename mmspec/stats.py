@@ -30,7 +30,7 @@ __all__ = ["SpecStats"]
 class SpecStats:
     """Counters and timings of one :func:`mmspec.generate` call (or several, merged)."""
 
-    rule: str = "greedy"
+    rule: str = ""
     lossless: bool = True
     drafter: str = ""
     rounds: int = 0
@@ -103,6 +103,10 @@ class SpecStats:
             for i, v in enumerate(theirs):
                 _bump(mine, i, v)
         self.lossless = self.lossless and other.lossless
+        for name in ("rule", "drafter"):  # a fresh SpecStats takes the labels of what is merged into it
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs and mine != theirs:
+                setattr(self, name, theirs if not mine else "mixed")
         return self
 
     # ------------------------------------------------------------------ output
