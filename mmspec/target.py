@@ -245,18 +245,36 @@ class TargetAdapter:
         dev = self.device
         b = state.valid.shape[0]
         old_len = state.valid.shape[1]
-        rows = range(b) if keep_rows is None else [int(r) for r in keep_rows]
-        kept = []
-        for r in rows:
-            old = torch.nonzero(state.valid[r], as_tuple=False).flatten()
-            tail = torch.tensor([0] + [1 + i for i in paths[r]], dtype=torch.long, device=dev) + old_len
-            kept.append(torch.cat([old, tail]))
-        row_idx = torch.as_tensor(list(rows), dtype=torch.long, device=dev) if keep_rows is not None else None
-        _regather(state, kept, row_idx)
+        lengths = {1 + len(p) for p in paths}
+        if keep_rows is None and len(lengths) == 1:
+            # Every row keeps the same number of new slots (always so at batch 1): move the kept slots into
+            # place right after the old ones and cut the tail, O(new tokens) instead of a copy of the cache.
+            k = lengths.pop()
+            tail = torch.tensor([[0] + [1 + i for i in p] for p in paths], dtype=torch.long, device=dev)
+            if not torch.equal(tail, torch.arange(k, device=dev).expand(b, k)):
+                gather = tail[:, None, :, None]
+                for layer in state.cache.layers:
+                    for name in ("keys", "values"):
+                        t = getattr(layer, name)
+                        t[:, :, old_len : old_len + k] = torch.take_along_dim(t[:, :, old_len:], gather, dim=2)
+            for layer in state.cache.layers:
+                layer.keys = layer.keys[:, :, : old_len + k]
+                layer.values = layer.values[:, :, : old_len + k]
+            state.valid = torch.cat([state.valid, torch.ones(b, k, dtype=torch.bool, device=dev)], dim=1)
+        else:
+            rows = range(b) if keep_rows is None else [int(r) for r in keep_rows]
+            kept = []
+            for r in rows:
+                old = torch.nonzero(state.valid[r], as_tuple=False).flatten()
+                tail = torch.tensor([0] + [1 + i for i in paths[r]], dtype=torch.long, device=dev) + old_len
+                kept.append(torch.cat([old, tail]))
+            row_idx = torch.as_tensor(list(rows), dtype=torch.long, device=dev) if keep_rows is not None else None
+            _regather(state, kept, row_idx)
         counts = torch.tensor([1 + len(paths[r]) for r in range(b)], dtype=torch.long, device=dev)
         state.positions.advance(counts)
         state.pending = next_tokens.to(dev)
         if keep_rows is not None:
+            row_idx = torch.as_tensor(list(keep_rows), dtype=torch.long, device=dev)
             state.positions.select_rows(row_idx)
             state.pending = state.pending[row_idx]
             state.new_type_ids = {k: v[row_idx] for k, v in state.new_type_ids.items()}
