@@ -49,14 +49,23 @@ class AcceptResult:
 
 
 class AcceptanceRule:
-    """Base class. Subclasses set ``name`` and ``lossless`` and implement :meth:`accept`."""
+    """Base class. Subclasses set ``name``, ``lossless`` and ``mode`` and implement :meth:`accept`.
+
+    ``mode`` is the decoding mode the rule is lossless for (``"greedy"`` or ``"sample"``); ``None`` means
+    the rule decides for itself. Used in the other mode, a rule's output is labelled lossy.
+    """
 
     name = "base"
     lossless = False
+    mode: str | None = None
 
     def accept(self, tree: DraftTree, scores: torch.Tensor, generator: torch.Generator | None = None) -> AcceptResult:
         """Walk ``tree`` under the target's processed ``scores`` (``[len(tree) + 1, V]``)."""
         raise NotImplementedError  # abstract: every concrete rule overrides it
+
+    def accept_batch(self, trees: list, scores, generator: torch.Generator | None = None) -> list:
+        """One :class:`AcceptResult` per row; ``scores`` is ``[B, Q, V]`` or a list of ``[n_r + 1, V]``."""
+        return [self.accept(t, scores[i][: len(t) + 1], generator) for i, t in enumerate(trees)]
 
 
 class GreedyRule(AcceptanceRule):
@@ -64,9 +73,19 @@ class GreedyRule(AcceptanceRule):
 
     name = "greedy"
     lossless = True
+    mode = "greedy"
 
     def accept(self, tree, scores, generator=None):
-        best = scores.argmax(dim=-1).tolist()
+        return self._walk(tree, scores.argmax(dim=-1).tolist())
+
+    def accept_batch(self, trees, scores, generator=None):
+        if isinstance(scores, torch.Tensor):  # one argmax and one device sync for the whole batch
+            best = scores.argmax(dim=-1).tolist()
+            return [self._walk(t, best[i]) for i, t in enumerate(trees)]
+        return super().accept_batch(trees, scores, generator)
+
+    @staticmethod
+    def _walk(tree: DraftTree, best: list) -> AcceptResult:
         kids = tree.children()
         tokens = tree.tokens
         path: list[int] = []
@@ -85,6 +104,7 @@ class SpeculativeSamplingRule(AcceptanceRule):
 
     name = "speculative_sampling"
     lossless = True
+    mode = "sample"
 
     def accept(self, tree, scores, generator=None):
         if generator is not None and generator.device != scores.device:

@@ -29,7 +29,8 @@ import torch
 
 from .acceptance import AcceptanceRule, get_rule
 from .drafters.base import DraftContext, Drafter, RoundResult
-from .errors import ContextLengthError, InvalidInputError
+from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
+from .processing import TreeLogitsProcessor
 from .stats import SpecStats
 from .target import TargetAdapter
 from .tree import DraftTree
@@ -48,11 +49,11 @@ class GenerateOutput:
 class _StopStrings:
     """Row-wise stop-string check on decoded text; a row stops at the token that completes a stop string."""
 
-    def __init__(self, tokenizer, stop_strings):
+    def __init__(self, tokenizer, stop_strings: list):
         if tokenizer is None:
             raise InvalidInputError("stop_strings need the model's tokenizer: pass tokenizer=...")
         self.tokenizer = tokenizer
-        self.stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+        self.stops = list(stop_strings)
         self.longest = max(len(s) for s in self.stops)
 
     def hit(self, history: list[int]) -> bool:
@@ -74,6 +75,121 @@ def _max_context(model) -> int | None:
         if c is not None and getattr(c, "max_position_embeddings", None):
             return int(c.max_position_embeddings)
     return None
+
+
+@dataclass
+class _Run:
+    """Everything a call resolved before any model work: inputs, limits, special tokens, processors."""
+
+    input_ids: torch.Tensor
+    model_kwargs: dict
+    gen_config: object
+    processors: object
+    max_new: int
+    eos_ids: set
+    pad_id: int
+    stop_strings: list
+
+
+_UNSUPPORTED_KWARGS = ("stopping_criteria", "negative_prompt_ids", "negative_prompt_attention_mask",
+                       "assistant_model", "synced_gpus", "assistant_tokenizer")
+_UNSUPPORTED_OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_hidden_states",
+                        "output_attentions")
+
+
+def _check_rope(model, total_len: int) -> None:
+    """Refuse rope scalings whose frequencies depend on the longest position in a pass.
+
+    With ``dynamic`` or ``longrope`` rope the frequencies change once a pass reaches a threshold; deep draft
+    nodes reach it a round earlier than ``generate`` would, so the output could differ.
+    """
+    cfg = model.config.get_text_config(decoder=True)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if kind not in ("dynamic", "longrope"):
+        return
+    limit = rope.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
+    limit = limit or cfg.max_position_embeddings
+    if total_len > limit:
+        raise UnsupportedModelError(
+            f"{kind!r} rope scaling changes its frequencies past {limit} positions; prompt + max_new_tokens = "
+            f"{total_len} would cross it, where speculative verification is not exact. Lower max_new_tokens."
+        )
+
+
+def _prepare_run(model, inputs: dict, generation_config, logits_processor, stop_strings, kwargs: dict) -> _Run:
+    """Resolve arguments the way ``generate`` does (same private hooks), and reject what mmspec cannot honour."""
+    input_ids = inputs.get("input_ids")
+    if input_ids is None:
+        raise InvalidInputError("inputs must contain input_ids (pass what the model's processor returns)")
+    if input_ids.dim() != 2 or input_ids.numel() == 0:
+        raise InvalidInputError(f"input_ids must be a non-empty [batch, length] tensor (got {tuple(input_ids.shape)})")
+    requested = kwargs.get("max_new_tokens")
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested <= 0):
+        raise InvalidInputError(f"max_new_tokens must be a positive integer (got {requested!r})")
+    unsupported = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
+    if unsupported:
+        raise InvalidInputError(f"mmspec.generate does not support {unsupported}")
+    prefix_fn = kwargs.pop("prefix_allowed_tokens_fn", None)
+    # generate() decides 'default length' before filling defaults in: the same flags, read the same way.
+    has_default_max_length = (kwargs.get("max_length") is None
+                              and (generation_config is None or generation_config.max_length is None)
+                              and model.generation_config.max_length is None)
+    has_default_min_length = (kwargs.get("min_length") is None
+                              and (generation_config is None or generation_config.min_length is None)
+                              and model.generation_config.min_length is None)
+    model_kwargs = {k: v for k, v in inputs.items() if k != "input_ids"}
+    try:
+        gen_config, extra = model._prepare_generation_config(generation_config, **kwargs)
+        model._validate_model_kwargs({**model_kwargs, **extra})
+    except ValueError as e:  # GenerationConfig.validate: bad generation arguments are the caller's error
+        raise InvalidInputError(f"invalid generation arguments: {e}") from e
+    if (gen_config.num_return_sequences or 1) > 1:
+        raise InvalidInputError("num_return_sequences > 1 is not supported: repeat the rows of the inputs instead")
+    if gen_config.num_beams not in (None, 1):
+        raise InvalidInputError("beam search is not speculative decoding; use num_beams=1")
+    asked = [k for k in _UNSUPPORTED_OUTPUTS if getattr(gen_config, k, False)]
+    if asked:
+        raise InvalidInputError(f"mmspec.generate returns sequences and stats; {asked} are not supported")
+    model_kwargs.update(extra)
+    device = model.device
+    input_ids = input_ids.to(device)
+    model_kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in model_kwargs.items()}
+    batch, prompt_len = input_ids.shape
+    gen_config = model._prepare_generated_length(gen_config, has_default_max_length, has_default_min_length,
+                                                 "input_ids", prompt_len, input_ids)
+    max_new = gen_config.max_length - prompt_len
+    if max_new <= 0:
+        raise InvalidInputError(f"max_new_tokens must be > 0 (got {max_new})")
+    window = _max_context(model)
+    if window is not None and prompt_len > window:
+        raise ContextLengthError(
+            f"the prompt has {prompt_len} tokens but the model's context window is {window}; shorten the prompt"
+        )
+    _check_rope(model, prompt_len + max_new)
+    model._prepare_special_tokens(gen_config, model_kwargs.get("attention_mask") is not None, device=device,
+                                  batch_size=batch)
+    if model_kwargs.get("attention_mask") is None:  # as generate: inferred from pad tokens when it can be
+        model_kwargs["attention_mask"] = model._prepare_attention_mask_for_generation(input_ids, gen_config,
+                                                                                      model_kwargs)
+    if batch > 1 and bool((model_kwargs["attention_mask"][:, -1] == 0).any()):
+        raise InvalidInputError("batched inputs must be left-padded (tokenizer.padding_side = 'left')")
+    processors = model._get_logits_processor(
+        generation_config=gen_config,
+        input_ids_seq_length=prompt_len,
+        encoder_input_ids=input_ids,
+        prefix_allowed_tokens_fn=prefix_fn,
+        logits_processor=logits_processor,
+        device=device,
+        model_kwargs=model_kwargs,
+    )
+    eos = gen_config._eos_token_tensor
+    pad = gen_config._pad_token_tensor
+    stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
+    cfg_stops = gen_config.stop_strings
+    stops += [cfg_stops] if isinstance(cfg_stops, str) else list(cfg_stops or [])
+    return _Run(input_ids, model_kwargs, gen_config, processors, max_new,
+                set() if eos is None else set(eos.flatten().tolist()), int(pad) if pad is not None else 0, stops)
 
 
 @torch.no_grad()
@@ -101,14 +217,18 @@ def generate(
             ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``, ...). Batches must be left-padded.
         drafter: a :class:`~mmspec.drafters.Drafter`; ``None`` decodes one token per pass (plain AR
             through the same loop, useful as a control).
-        rule: acceptance rule name or object; default: ``greedy`` or ``speculative_sampling`` by mode.
+        rule: acceptance rule name or object; default: ``greedy`` or ``speculative_sampling`` by mode. A rule
+            used in the other mode (greedy rule while sampling) works but its stats say ``lossless=False``.
         generation_config, logits_processor, **kwargs: as for ``generate`` (``max_new_tokens``,
-            ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``repetition_penalty``...).
-            Other keyword arguments are treated as model inputs, like ``generate`` does.
+            ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``repetition_penalty``,
+            ``prefix_allowed_tokens_fn``, ``max_time``...). Other keyword arguments are model inputs, as in
+            ``generate``. Arguments mmspec cannot honour (beams, ``num_return_sequences``, custom
+            ``stopping_criteria``, score outputs) raise :class:`~mmspec.InvalidInputError`.
         streamer: a transformers streamer (``put``/``end``), batch size 1.
         on_tokens: ``callable(row, tokens)`` called with each row's newly committed tokens.
-        generator, seed: random source for sampling (``seed`` builds a generator).
-        tokenizer, stop_strings: stop when the decoded text of a row contains one of ``stop_strings``.
+        generator, seed: random source for sampling (``seed`` builds a generator on the model's device).
+        tokenizer, stop_strings: stop when a row's text completes one of ``stop_strings`` (also read from
+            the generation config), as ``generate`` does.
 
     Returns:
         :class:`GenerateOutput` with ``sequences`` (prompt + generated, rows padded with the pad token after
@@ -120,79 +240,39 @@ def generate(
     """
     t_start = time.perf_counter()
     inputs = dict(inputs or {})
-    model_kwargs = {k: v for k, v in inputs.items() if k != "input_ids"}
-    input_ids = inputs.get("input_ids")
-    if input_ids is None:
-        raise InvalidInputError("inputs must contain input_ids (pass what the model's processor returns)")
-    requested = kwargs.get("max_new_tokens")
-    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested <= 0):
-        raise InvalidInputError(f"max_new_tokens must be a positive integer (got {requested!r})")
-    try:
-        gen_config, extra_model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
-    except ValueError as e:  # GenerationConfig.validate: bad generation arguments are the caller's error
-        raise InvalidInputError(f"invalid generation arguments: {e}") from e
-    model_kwargs.update(extra_model_kwargs)
-    if getattr(gen_config, "num_beams", 1) not in (None, 1):
-        raise InvalidInputError("beam search is not speculative decoding; use num_beams=1")
-    device = model.device
-    input_ids = input_ids.to(device)
-    model_kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in model_kwargs.items()}
-    batch, prompt_len = input_ids.shape
-    if input_ids.numel() == 0:
-        raise InvalidInputError("input_ids is empty")
-    max_new = gen_config.max_new_tokens
-    if max_new is None:
-        max_new = gen_config.max_length - prompt_len
-    if max_new <= 0:
-        raise InvalidInputError(f"max_new_tokens must be > 0 (got {max_new})")
-    window = _max_context(model)
-    if window is not None and prompt_len > window:
-        raise ContextLengthError(
-            f"the prompt has {prompt_len} tokens but the model's context window is {window}; shorten the prompt"
-        )
-    attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-        model_kwargs["attention_mask"] = attention_mask
-    if batch > 1 and bool((attention_mask[:, -1] == 0).any()):
-        raise InvalidInputError("batched inputs must be left-padded (tokenizer.padding_side = 'left')")
-
-    model._prepare_special_tokens(gen_config, True, device=device, batch_size=batch)
-    eos = gen_config._eos_token_tensor
-    eos_ids = set() if eos is None else set(eos.flatten().tolist())
-    pad = gen_config._pad_token_tensor
-    pad_id = int(pad) if pad is not None else 0
-    processors = model._get_logits_processor(
-        generation_config=gen_config,
-        input_ids_seq_length=prompt_len,
-        encoder_input_ids=input_ids,
-        logits_processor=logits_processor,
-        device=device,
-        model_kwargs=model_kwargs,
-    )
-    row_free = _row_free(processors)
-    row_views: dict = {}  # row -> processors specialised to that row (then row-free), or None
+    run = _prepare_run(model, inputs, generation_config, logits_processor, stop_strings, kwargs)
+    input_ids, gen_config, max_new, eos_ids = run.input_ids, run.gen_config, run.max_new, run.eos_ids
+    device = input_ids.device
+    batch = input_ids.shape[0]
+    attention_mask = run.model_kwargs["attention_mask"]
     do_sample = bool(gen_config.do_sample)
     acceptance = get_rule(rule, do_sample)
     if generator is None and seed is not None:
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-    stopper = _StopStrings(tokenizer, stop_strings) if stop_strings else None
+        generator = torch.Generator(device=device).manual_seed(seed)
+    stopper = _StopStrings(tokenizer, run.stop_strings) if run.stop_strings else None
+    if streamer is not None and batch > 1:
+        raise InvalidInputError("streamers take batch size 1; use on_tokens=callable(row, tokens) for batches")
+    max_time = gen_config.max_time
 
-    stats = SpecStats(rule=acceptance.name, lossless=acceptance.lossless, drafter=getattr(drafter, "kind", ""))
+    mode_ok = acceptance.mode is None or acceptance.mode == ("sample" if do_sample else "greedy")
+    stats = SpecStats(rule=acceptance.name, lossless=acceptance.lossless and mode_ok,
+                      drafter=getattr(drafter, "kind", ""))
     if drafter is not None:
         drafter.bind(model)
     adapter = TargetAdapter(model, hidden_layers=getattr(drafter, "hidden_layers", ()) if drafter else ())
 
     # ---------------------------------------------------------------- prefill + first token
     t0 = time.perf_counter()
-    state, last_logits, hidden = adapter.prefill(input_ids, model_kwargs)
+    state, last_logits, hidden = adapter.prefill(input_ids, run.model_kwargs)
+    vocab = last_logits.shape[-1]
     stats.target_forwards += 1
     stats.prefill_rows += batch
-    scores = processors(input_ids, last_logits)
+    padded_prompt = input_ids.cpu()
+    tree_processor = TreeLogitsProcessor(run.processors, padded_prompt)
+    scores = tree_processor.first(input_ids, last_logits)
     stats.prefill_time += time.perf_counter() - t0
 
     prompt_rows = [input_ids[r, attention_mask[r].bool()].tolist() for r in range(batch)]
-    padded_prompt = input_ids.cpu()
     generated: list[list[int]] = [[] for _ in range(batch)]
     active = list(range(batch))  # original row of each state row
 
@@ -215,23 +295,20 @@ def generate(
             streamer.put(torch.tensor(kept))
 
     if streamer is not None:
-        if batch > 1:
-            raise InvalidInputError("streamers take batch size 1; use on_tokens=callable(row, tokens) for batches")
         streamer.put(padded_prompt)
-
-    firsts = []
-    finished_now = []
-    for r in range(batch):
-        res = acceptance.accept(DraftTree.empty(), scores[r : r + 1], generator)
+    firsts = acceptance.accept_batch([DraftTree.empty()] * batch, scores[:, None], generator)
+    finished = []
+    for r, res in enumerate(firsts):
         kept, done = push(r, [res.next_token])
         emit(r, kept)
-        firsts.append(res.next_token)
-        finished_now.append(done)
-    state.pending = torch.tensor(firsts, dtype=torch.long, device=device)
-    keep = [i for i, d in enumerate(finished_now) if not d]
+        finished.append(done)
+    state.pending = torch.tensor([res.next_token for res in firsts], dtype=torch.long, device=device)
+    keep = [i for i, d in enumerate(finished) if not d]
     if len(keep) < batch:
         adapter.select_rows(state, keep)
         active = [active[i] for i in keep]
+        hidden = {k: v[keep] for k, v in hidden.items()}
+    model_inputs = {"input_ids": input_ids, **run.model_kwargs}
 
     def context(hidden_states) -> DraftContext:
         return DraftContext(
@@ -242,7 +319,7 @@ def generate(
             do_sample=do_sample,
             generator=generator,
             hidden=hidden_states,
-            model_inputs=inputs,
+            model_inputs=model_inputs,
         )
 
     ctx = context(hidden)
@@ -252,40 +329,41 @@ def generate(
     # ---------------------------------------------------------------- rounds
     while active:
         t0 = time.perf_counter()
+        pruned = [False] * len(active)
         if drafter is None:
             trees = [DraftTree.empty() for _ in active]
         else:
-            trees = drafter.propose(ctx)
-            if len(trees) != len(active):
-                raise InvalidInputError(f"drafter {drafter.kind!r} returned {len(trees)} trees for {len(active)} rows")
+            proposed = drafter.propose(ctx)
+            _check_trees(drafter, proposed, len(active), vocab)
             # A round commits at most depth + 1 tokens; deeper nodes could never be kept.
-            trees = [t.prune(rem - 1) for t, rem in zip(trees, ctx.remaining)]
+            trees = [t.prune(rem - 1) for t, rem in zip(proposed, ctx.remaining)]
+            pruned = [a is not b for a, b in zip(trees, proposed)]
         t1 = time.perf_counter()
         out, _ = adapter.score(state, trees)
         stats.target_forwards += 1
         stats.rounds += 1
         t2 = time.perf_counter()
+        row_scores = tree_processor(active, generated, trees, out.logits)
+        results = acceptance.accept_batch(trees, row_scores, generator)
+        out_of_time = max_time is not None and time.perf_counter() - t_start > max_time
         paths, nexts, finished = [], [], []
-        for i, (r, tree) in enumerate(zip(active, trees)):
-            procs = processors if row_free else row_views.setdefault(r, _row_view(processors, r))
-            row_scores = _process_row(procs or processors, procs is not None, r, batch, padded_prompt[r],
-                                      generated[r], tree, out.logits[i, : len(tree) + 1])
-            res = acceptance.accept(tree, row_scores, generator)
+        for r, tree, res, cut in zip(active, trees, results, pruned):
+            kept, done = push(r, [int(tree.tokens[j]) for j in res.path] + [res.next_token])
+            _record(stats, tree, res.path, kept, cut)
+            emit(r, kept)
             paths.append(res.path)
             nexts.append(res.next_token)
-            kept, done = push(r, [int(tree.tokens[j]) for j in res.path] + [res.next_token])
-            # Tokens after a stop (eos inside the accepted path) are not committed: tau counts what was kept.
-            stats.record_row(len(kept) - 1, tree.max_depth, len(tree))
-            emit(r, kept)
-            finished.append(done)
+            finished.append(done or out_of_time)
         t3 = time.perf_counter()
         keep = [i for i, d in enumerate(finished) if not d]
-        adapter.commit(state, paths, torch.tensor(nexts, dtype=torch.long), keep_rows=keep if len(keep) < len(active) else None)
+        adapter.commit(state, paths, torch.tensor(nexts, dtype=torch.long),
+                       keep_rows=keep if len(keep) < len(active) else None)
         t4 = time.perf_counter()
         result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished)
         prev_ctx = ctx
         active = [active[i] for i in keep]
-        ctx = context(out.hidden_states)
+        hs = out.hidden_states
+        ctx = context(hs if len(keep) == len(finished) else {k: v[keep] for k, v in hs.items()})
         if drafter is not None:
             drafter.observe(prev_ctx, result)
         stats.draft_time += (t1 - t0) + (time.perf_counter() - t4)
@@ -296,7 +374,7 @@ def generate(
     if streamer is not None:
         streamer.end()
     longest = max(len(g) for g in generated)
-    tail = torch.full((batch, longest), pad_id, dtype=input_ids.dtype)
+    tail = torch.full((batch, longest), run.pad_id, dtype=input_ids.dtype)
     for r, g in enumerate(generated):
         tail[r, : len(g)] = torch.tensor(g, dtype=input_ids.dtype)
     stats.generated = sum(len(g) for g in generated)
@@ -304,69 +382,26 @@ def generate(
     return GenerateOutput(torch.cat([padded_prompt, tail], dim=1).to(device), stats)
 
 
-# Processors whose output for a row depends only on that row's input_ids and scores: they can score tree
-# nodes of several rows in one call. Any other processor may hold per-row state (a batch-shaped tensor, a
-# batch id), so each node is scored in its own row's slot of a full-batch call.
-_ROW_FREE = {
-    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "TemperatureLogitsWarper", "TopPLogitsWarper",
-    "TopKLogitsWarper", "TopHLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper",
-    "EtaLogitsWarper", "NoRepeatNGramLogitsProcessor", "SequenceBiasLogitsProcessor", "NoBadWordsLogitsProcessor",
-    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor",
-    "ExponentialDecayLengthPenalty", "LogitNormalization", "SuppressTokensLogitsProcessor",
-    "SuppressTokensAtBeginLogitsProcessor",
-}
+def _check_trees(drafter, trees: list, rows: int, vocab: int) -> None:
+    """A drafter's proposals must fit the batch and the target's vocabulary (bad ids would crash a GPU)."""
+    if len(trees) != rows:
+        raise InvalidInputError(f"drafter {drafter.kind!r} returned {len(trees)} trees for {rows} rows")
+    for t in trees:
+        if len(t) and (int(t.tokens.min()) < 0 or int(t.tokens.max()) >= vocab):
+            raise InvalidInputError(f"drafter {drafter.kind!r} proposed token ids outside the target vocabulary [0, {vocab})")
+        if t.draft_probs is not None and t.draft_probs.shape[-1] != vocab:
+            raise InvalidInputError(
+                f"drafter {drafter.kind!r} gave draft_probs over {t.draft_probs.shape[-1]} tokens; the target has {vocab}"
+            )
 
 
-def _row_free(processors) -> bool:
-    for p in processors:
-        name = type(p).__name__
-        if name == "RepetitionPenaltyLogitsProcessor" and not isinstance(p.prompt_ignore_length, torch.Tensor):
-            continue
-        if name not in _ROW_FREE:
-            return False
-    return True
+def _record(stats: SpecStats, tree: DraftTree, path: list, kept: list, pruned: bool) -> None:
+    """Record one row's round. A stop inside the accepted path ends the round there: later positions were
+    not tested, and the round is neither a rejection nor a ceiling; nor is a tree cut by the length limit."""
+    accepted = min(len(path), len(kept))
+    stopped_early = len(kept) < len(path) + 1
+    depth = accepted if stopped_early else tree.max_depth
+    ceiling = not stopped_early and not pruned and depth > 0 and accepted == depth
+    stats.record_row(accepted, depth, len(tree), committed=len(kept), ceiling=ceiling)
 
 
-def _row_view(processors, row: int):
-    """``processors`` specialised to batch row ``row`` so that one call can score many nodes, or ``None``."""
-    import copy
-
-    from transformers import LogitsProcessorList
-
-    out = LogitsProcessorList()
-    for p in processors:
-        name = type(p).__name__
-        if name == "RepetitionPenaltyLogitsProcessor" and isinstance(p.prompt_ignore_length, torch.Tensor):
-            p = copy.copy(p)
-            p.prompt_ignore_length = int(p.prompt_ignore_length[row])
-        elif name not in _ROW_FREE and name != "RepetitionPenaltyLogitsProcessor":
-            return None
-        out.append(p)
-    return out
-
-
-def _process_row(processors, row_free: bool, row: int, batch: int, prompt_row: torch.Tensor, generated: list[int],
-                 tree: DraftTree, logits: torch.Tensor):
-    """Apply ``generate``'s logits processors to the root and every node, each on its own history.
-
-    A node's history is what ``generate``'s ``input_ids`` would hold when scoring it: the padded prompt
-    row, the row's generated tokens (pending included) and the path down to the node.
-    """
-    if len(processors) == 0:
-        return logits
-    dev = logits.device
-    base = torch.cat([prompt_row, torch.tensor(generated, dtype=prompt_row.dtype)]).to(dev)
-    n = len(tree)
-    hists = [base] + [torch.cat([base, torch.as_tensor(tree.tokens[tree.path_to(i)], device=dev)]) for i in range(n)]
-    out = torch.empty_like(logits)
-    if row_free:
-        # Histories of one depth share a length: one call per depth.
-        depth = [0] + tree.depth.tolist()
-        for d in sorted(set(depth)):
-            idx = [i for i, x in enumerate(depth) if x == d]
-            out[idx] = processors(torch.stack([hists[i] for i in idx]), logits[idx])
-        return out
-    for i, h in enumerate(hists):
-        res = processors(h[None].expand(batch, -1).contiguous(), logits[i : i + 1].expand(batch, -1).clone())
-        out[i] = res[row]
-    return out

@@ -59,17 +59,23 @@ class SpecStats:
     total_time: float = 0.0
 
     # ------------------------------------------------------------------ recording
-    def record_row(self, accepted: int, depth: int, nodes: int | None = None) -> None:
-        """Record one row's round: ``accepted`` drafted tokens kept out of a tree of ``depth``."""
+    def record_row(self, accepted: int, depth: int, nodes: int | None = None, committed: int | None = None,
+                   ceiling: bool | None = None) -> None:
+        """Record one row's round: ``accepted`` drafted tokens kept out of a tree of ``depth``.
+
+        ``committed`` defaults to ``accepted + 1`` (the bonus token); a stop inside the path commits fewer.
+        ``ceiling`` defaults to "the whole depth was accepted"; the loop passes False when the length limit,
+        not the drafter, bounded the tree.
+        """
         self.row_rounds += 1
-        self.committed += accepted + 1
+        self.committed += accepted + 1 if committed is None else committed
         self.drafted += depth if nodes is None else nodes
         _bump(self.accepted_hist, accepted)
         for d in range(depth):
             _bump(self.depth_reached, d)
         for d in range(accepted):
             _bump(self.depth_accepted, d)
-        if depth > 0 and accepted == depth:
+        if (depth > 0 and accepted == depth) if ceiling is None else ceiling:
             self.ceiling_rounds += 1
 
     # ------------------------------------------------------------------ derived

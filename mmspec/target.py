@@ -134,7 +134,11 @@ class TargetAdapter:
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
         self.device = model.device
-        self._bool_mask = model.config._attn_implementation in ("sdpa", "flash_attention_2", "flex_attention")
+        impl = model.config.get_text_config(decoder=True)._attn_implementation
+        if impl not in ("eager", "sdpa"):
+            raise UnsupportedModelError(
+                f"attention implementation {impl!r} cannot take a tree mask; load the model with attn_implementation='sdpa'")
+        self._bool_mask = impl == "sdpa"
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -159,6 +163,8 @@ class TargetAdapter:
             )
         kwargs["position_ids"] = position_ids
         cache = DynamicCache(config=model.config)
+        if "logits_to_keep" not in kwargs and model._supports_logits_to_keep():
+            kwargs["logits_to_keep"] = 1  # as generate: the prompt's other logits are never read
         inputs = model.prepare_inputs_for_generation(
             input_ids, cache=cache, use_cache=True, is_first_iteration=True, **kwargs
         )
@@ -252,11 +258,11 @@ class TargetAdapter:
             k = lengths.pop()
             tail = torch.tensor([[0] + [1 + i for i in p] for p in paths], dtype=torch.long, device=dev)
             if not torch.equal(tail, torch.arange(k, device=dev).expand(b, k)):
-                gather = tail[:, None, :, None]
+                gathers = _PerDevice(tail[:, None, :, None])
                 for layer in state.cache.layers:
                     for name in ("keys", "values"):
                         t = getattr(layer, name)
-                        t[:, :, old_len : old_len + k] = torch.take_along_dim(t[:, :, old_len:], gather, dim=2)
+                        t[:, :, old_len : old_len + k] = torch.take_along_dim(t[:, :, old_len:], gathers[t], dim=2)
             for layer in state.cache.layers:
                 layer.keys = layer.keys[:, :, : old_len + k]
                 layer.values = layer.values[:, :, : old_len + k]
@@ -283,9 +289,10 @@ class TargetAdapter:
     def select_rows(self, state: TargetState, keep: list[int]) -> None:
         """Keep only batch rows ``keep`` (rows that finished leave the batch)."""
         rows = torch.tensor(keep, dtype=torch.long, device=state.valid.device)
+        per_device = _PerDevice(rows)
         for layer in state.cache.layers:
-            layer.keys = layer.keys.index_select(0, rows)
-            layer.values = layer.values.index_select(0, rows)
+            layer.keys = layer.keys.index_select(0, per_device[layer.keys])
+            layer.values = layer.values.index_select(0, per_device[layer.values])
         state.valid = state.valid[rows]
         state.pending = state.pending[rows]
         state.positions.select_rows(rows)
@@ -317,10 +324,24 @@ def _regather(state: TargetState, kept: list, rows: torch.Tensor | None = None) 
     for i, k in enumerate(kept):
         idx[i, new_len - len(k):] = k
         valid[i, new_len - len(k):] = True
-    gather = idx[:, None, :, None]
+    gathers, row_sel = _PerDevice(idx[:, None, :, None]), _PerDevice(rows)
     for layer in state.cache.layers:
-        keys = layer.keys if rows is None else layer.keys.index_select(0, rows)
-        values = layer.values if rows is None else layer.values.index_select(0, rows)
-        layer.keys = torch.take_along_dim(keys, gather, dim=2)
-        layer.values = torch.take_along_dim(values, gather, dim=2)
+        keys = layer.keys if rows is None else layer.keys.index_select(0, row_sel[layer.keys])
+        values = layer.values if rows is None else layer.values.index_select(0, row_sel[layer.values])
+        layer.keys = torch.take_along_dim(keys, gathers[keys], dim=2)
+        layer.values = torch.take_along_dim(values, gathers[values], dim=2)
     state.valid = valid
+
+
+class _PerDevice:
+    """An index tensor, copied once to each device a cache layer lives on (``device_map`` spreads layers)."""
+
+    def __init__(self, index: torch.Tensor | None):
+        self.index = index
+        self.copies: dict = {}
+
+    def __getitem__(self, like: torch.Tensor) -> torch.Tensor:
+        dev = like.device
+        if dev not in self.copies:
+            self.copies[dev] = self.index.to(dev)
+        return self.copies[dev]

@@ -39,7 +39,9 @@ class DraftTree:
         tokens: ``int64[n]`` token id of each node.
         parents: ``int64[n]`` parent node index, ``-1`` for children of the root; ``parents[i] < i``.
         draft_probs: optional ``torch.Tensor[n, V]``: the distribution node ``i``'s token was sampled
-            from. ``None`` means every node is a deterministic proposal.
+            from, conditional on everything drawn before it (siblings drawn i.i.d. share their parent's
+            ``q``; siblings drawn without replacement must carry the renormalised ``q`` they were drawn
+            from, not the marginal). ``None`` means every node is a deterministic proposal.
     """
 
     tokens: np.ndarray

@@ -39,25 +39,41 @@ class DraftModelDrafter(Drafter):
 
     Args:
         model: the draft model (``from_pretrained``), same tokenizer as the target.
-        num_draft_tokens: chain depth per round.
+        num_draft_tokens: chain depth per round (at least 1).
         temperature: draft temperature when the target samples (the draft distribution ``q``).
+        vocab_size: the number of real tokens both models share (``len(tokenizer)``). When given, the two
+            embedding tables may differ in padding rows (Qwen2.5-0.5B has 151936, Qwen2.5-7B 152064); the
+            drafter never proposes ids past it. When omitted, the embedding sizes must be equal.
     """
 
     kind = "draft-model"
 
-    def __init__(self, model, num_draft_tokens: int = 4, temperature: float = 1.0):
+    def __init__(self, model, num_draft_tokens: int = 4, temperature: float = 1.0, vocab_size: int | None = None):
+        if num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1 (got {num_draft_tokens})")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 (got {temperature})")
         self.model = model
         self.num_draft_tokens = num_draft_tokens
         self.temperature = temperature
+        self.vocab_size = vocab_size
         self.adapter = TargetAdapter(model)
         self.state = None
+        self.target_vocab = None
 
     def bind(self, model) -> None:
-        if _vocab_size(model) != _vocab_size(self.model):
+        mine, theirs = _vocab_size(self.model), _vocab_size(model)
+        shared = self.vocab_size
+        if shared is None and mine != theirs:
             raise DrafterMismatchError(
-                f"draft model vocabulary ({_vocab_size(self.model)}) differs from the target's ({_vocab_size(model)}); "
-                "a draft model must share the target's tokenizer"
+                f"draft model vocabulary ({mine}) differs from the target's ({theirs}); a draft model must share "
+                "the target's tokenizer (pass vocab_size=len(tokenizer) if only the embedding padding differs)"
             )
+        if shared is not None and (mine < shared or theirs < shared):
+            raise DrafterMismatchError(
+                f"vocab_size={shared} but the draft model has {mine} and the target {theirs} embedding rows"
+            )
+        self.target_vocab = theirs
 
     def _model_inputs(self, ctx: DraftContext) -> tuple[torch.Tensor, dict]:
         inputs = dict(ctx.model_inputs)
@@ -82,10 +98,17 @@ class DraftModelDrafter(Drafter):
             self.rows = list(rows)
 
     def _pick(self, logits: torch.Tensor, ctx: DraftContext):
+        if self.vocab_size is not None:
+            logits = logits[..., : self.vocab_size]
         if not ctx.do_sample:
             return logits.argmax(-1), None
         probs = torch.softmax(logits / self.temperature, dim=-1)
-        return torch.multinomial(probs.cpu(), 1, generator=ctx.generator).squeeze(-1).to(logits.device), probs
+        gen = ctx.generator
+        dev = gen.device if gen is not None else probs.device
+        tok = torch.multinomial(probs.to(dev), 1, generator=gen).squeeze(-1).to(logits.device)
+        if probs.shape[-1] < self.target_vocab:  # q over the target's vocabulary: zero on padding rows
+            probs = torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[-1]))
+        return tok, probs
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> list[DraftTree]:
@@ -100,23 +123,23 @@ class DraftModelDrafter(Drafter):
         tok, probs = self._pick(last, ctx)
         self.adapter.commit(st, [list(range(len(p) - 1)) for p in pend], tok)
         drafted, qs = [tok], [probs]
-        # (2) draft autoregressively; each step caches the previous draft token.
-        for _ in range(self.num_draft_tokens - 1):
+        # (2) draft autoregressively; each step caches the previous draft token. No row can keep more
+        # than remaining - 1 drafts, so deeper steps would be wasted.
+        self.depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
+        for _ in range(self.depth - 1):
             out, _ = self.adapter.score(st, [DraftTree.empty()] * len(ctx.rows))
             tok, probs = self._pick(out.logits[:, 0], ctx)
             self.adapter.commit(st, [[] for _ in ctx.rows], tok)
             drafted.append(tok)
             qs.append(probs)
         toks = torch.stack(drafted, dim=1).tolist()
-        trees = []
-        for i in range(len(ctx.rows)):
-            q = None if qs[0] is None else torch.stack([p[i] for p in qs]).cpu()
-            trees.append(DraftTree.from_chain(toks[i], q))
+        q = None if qs[0] is None else torch.stack(qs, dim=1)  # [B, depth, V], on the model's device
+        trees = [DraftTree.from_chain(toks[i], None if q is None else q[i]) for i in range(len(ctx.rows))]
         self._drafted = toks
         return trees
 
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
-        k = self.num_draft_tokens
+        k = self.depth
         drop = []
         for r, toks, path, nxt in zip(ctx.rows, self._drafted, result.paths, result.next_tokens):
             a = len(path)
