@@ -28,12 +28,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import mmspec
 from mmspec.acceptance import AcceptResult, SpeculativeSamplingRule
 from mmspec.drafters import Drafter, NoisyOracleDrafter
 from mmspec.tree import DraftTree
+
+from _chisq import chisq_pvalue
 
 ALPHA = 1e-3
 V = 6
@@ -90,31 +91,6 @@ def joint(cond, length=3) -> dict:
             pr *= cond[seq[:k]][seq[k]]
         out[seq] = pr
     return out
-
-
-def chisq_pvalue(counts: Counter, probs: dict, n: int) -> float:
-    """Pearson chi-square p-value; expected < 5 cells pooled; an impossible outcome gives p = 0."""
-    if any(c and probs.get(k, 0.0) == 0.0 for k, c in counts.items()):
-        return 0.0
-    cells = sorted(((probs[k] * n, counts.get(k, 0)) for k in probs if probs[k] > 0), key=lambda x: x[0])
-    exp, obs, pe, po = [], [], 0.0, 0.0
-    for e, o in cells:
-        if e < 5:
-            pe, po = pe + e, po + o
-        else:
-            exp.append(e)
-            obs.append(o)
-    if pe > 0:
-        if pe >= 5 or not exp:
-            exp.append(pe)
-            obs.append(po)
-        else:
-            exp[0] += pe
-            obs[0] += po
-    exp, obs = np.asarray(exp), np.asarray(obs)
-    if len(exp) < 2:
-        return 1.0
-    return float(stats.chi2.sf(((obs - exp) ** 2 / exp).sum(), len(exp) - 1))
 
 
 # ================================================================================== drafters written for the test
