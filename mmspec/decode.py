@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .acceptance import AcceptanceRule, get_rule
+from .checks import check_max_new_tokens, context_window
 from .drafters.base import DraftContext, Drafter, RoundResult
 from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
 from .processing import TreeLogitsProcessor
@@ -67,14 +68,6 @@ class _StopStrings:
         prev = self.tokenizer.decode(tail[:-1])
         text = self.tokenizer.decode(tail)
         return any(s in text and s not in prev for s in self.stops)
-
-
-def _max_context(model) -> int | None:
-    cfg = model.config
-    for c in (getattr(cfg, "text_config", None), cfg):
-        if c is not None and getattr(c, "max_position_embeddings", None):
-            return int(c.max_position_embeddings)
-    return None
 
 
 @dataclass
@@ -124,9 +117,8 @@ def _prepare_run(model, inputs: dict, generation_config, logits_processor, stop_
         raise InvalidInputError("inputs must contain input_ids (pass what the model's processor returns)")
     if input_ids.dim() != 2 or input_ids.numel() == 0:
         raise InvalidInputError(f"input_ids must be a non-empty [batch, length] tensor (got {tuple(input_ids.shape)})")
-    requested = kwargs.get("max_new_tokens")
-    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested <= 0):
-        raise InvalidInputError(f"max_new_tokens must be a positive integer (got {requested!r})")
+    if kwargs.get("max_new_tokens") is not None:
+        check_max_new_tokens(kwargs["max_new_tokens"])
     unsupported = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
     if unsupported:
         raise InvalidInputError(f"mmspec.generate does not support {unsupported}")
@@ -161,7 +153,7 @@ def _prepare_run(model, inputs: dict, generation_config, logits_processor, stop_
     max_new = gen_config.max_length - prompt_len
     if max_new <= 0:
         raise InvalidInputError(f"max_new_tokens must be > 0 (got {max_new})")
-    window = _max_context(model)
+    window = context_window(model)
     if window is not None and prompt_len > window:
         raise ContextLengthError(
             f"the prompt has {prompt_len} tokens but the model's context window is {window}; shorten the prompt"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .checks import check_max_new_tokens, context_window
 from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
 from .registry import make_drafter, pipeline_class_for, supported_model_types, supported_tasks
 from .stats import SpecStats
@@ -46,21 +47,6 @@ class PipelineOutput:
     sequences: "torch.Tensor"
     stats: SpecStats
     info: dict = field(default_factory=dict)
-
-
-def context_window(model_or_config) -> int | None:
-    """The model's context window (``max_position_embeddings`` of the text model), or ``None`` if unknown.
-
-    Example:
-        >>> from transformers import LlamaConfig
-        >>> context_window(LlamaConfig(max_position_embeddings=128))
-        128
-    """
-    cfg = getattr(model_or_config, "config", model_or_config)
-    for c in (getattr(cfg, "text_config", None), cfg):
-        if c is not None and getattr(c, "max_position_embeddings", None):
-            return int(c.max_position_embeddings)
-    return None
 
 
 def load_target_config(target, trust_remote_code: bool = False):
@@ -194,17 +180,3 @@ class MMSpecPipeline:
                 f"({window}); output past the window is unreliable",
                 stacklevel=3,
             )
-
-
-def check_max_new_tokens(max_new_tokens) -> int:
-    """Validate ``max_new_tokens`` (a positive int) before any work; returns it.
-
-    Example:
-        >>> check_max_new_tokens(0)
-        Traceback (most recent call last):
-        ...
-        mmspec.errors.InvalidInputError: max_new_tokens must be a positive integer (got 0)
-    """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise InvalidInputError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r})")
-    return max_new_tokens
