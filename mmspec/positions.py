@@ -13,7 +13,7 @@ pending token of each row will take; a node at depth ``d`` of a draft tree takes
 
 Example:
     >>> import torch
-    >>> pos = StreamPositions(torch.tensor([[[0, 1, 2], [0, 0, 1]]]))  # [A=1, B=2, L=3]
+    >>> pos = StreamPositions(torch.tensor([[0, 1, 2], [0, 0, 1]]))  # 1-D RoPE: [B=2, L=3]
     >>> pos.next_pos.tolist()
     [[3, 2]]
     >>> pos.for_offsets(torch.tensor([[0, 1], [0, 1]])).tolist()
