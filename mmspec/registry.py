@@ -49,7 +49,7 @@ _load_errors: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------- modality packages
-def _load_modalities() -> None:
+def load_modalities() -> None:
     """Import every modality package once so its ``__init__`` registers what it provides.
 
     A package that fails to import because an optional dependency is missing is skipped with a
@@ -107,7 +107,7 @@ def supported_tasks() -> list[str]:
         >>> "vlm" in supported_tasks()
         True
     """
-    _load_modalities()
+    load_modalities()
     return sorted(_PIPELINES)
 
 
@@ -118,7 +118,7 @@ def supported_model_types(task: str | None = None) -> list[str]:
         >>> "qwen2_vl" in supported_model_types("vlm")
         True
     """
-    _load_modalities()
+    load_modalities()
     return sorted(mt for mt, t in _MODEL_TYPES.items() if task is None or t == task)
 
 
@@ -136,7 +136,7 @@ def pipeline_class_for(task: str | None = None, model_type: str | None = None):
         >>> pipeline_class_for(task="vlm", model_type="some_new_arch").__name__
         'VLMPipeline'
     """
-    _load_modalities()
+    load_modalities()
     if task is not None:
         if task not in _PIPELINES:
             raise UnsupportedModelError(
@@ -186,7 +186,7 @@ def drafter_kinds() -> list[str]:
         >>> {"lookup", "draft-model"} <= set(drafter_kinds())
         True
     """
-    _load_modalities()
+    load_modalities()
     return sorted(_DRAFTERS)
 
 
@@ -238,7 +238,7 @@ def make_drafter(spec, target_model, **kw):
             )
         kind = kind.strip()
         if kind not in _DRAFTERS:
-            _load_modalities()
+            load_modalities()
         if kind not in _DRAFTERS:
             raise InvalidInputError(
                 f"unknown drafter kind {kind!r}; known kinds: {', '.join(sorted(_DRAFTERS))}" + _unavailable_note()
