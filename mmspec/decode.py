@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .acceptance import AcceptanceRule, get_rule
+from .budget import DepthBudget
 from .checks import check_max_new_tokens, context_window
 from .drafters.base import DraftContext, Drafter, RoundResult
 from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
@@ -199,6 +200,7 @@ def generate(
     seed: int | None = None,
     tokenizer=None,
     stop_strings=None,
+    budget: DepthBudget | None = None,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative decoding with ``drafter`` on ``model``; same output as ``model.generate``.
@@ -221,6 +223,8 @@ def generate(
         generator, seed: random source for sampling (``seed`` builds a generator on the model's device).
         tokenizer, stop_strings: stop when a row's text completes one of ``stop_strings`` (also read from
             the generation config), as ``generate`` does.
+        budget: a :class:`~mmspec.budget.DepthBudget` that cuts each tree to the depth with the best
+            expected tokens per unit of measured verify time (reuse one instance across calls).
 
     Returns:
         :class:`GenerateOutput` with ``sequences`` (prompt + generated, rows padded with the pad token after
@@ -330,11 +334,15 @@ def generate(
             # A round commits at most depth + 1 tokens; deeper nodes could never be kept.
             trees = [t.prune(rem - 1) for t, rem in zip(proposed, ctx.remaining)]
             pruned = [a is not b for a, b in zip(trees, proposed)]
+            if budget is not None:
+                trees = [budget.choose(t) for t in trees]
         t1 = time.perf_counter()
         out, _ = adapter.score(state, trees)
         stats.target_forwards += 1
         stats.rounds += 1
         t2 = time.perf_counter()
+        if budget is not None:
+            budget.observe_pass(out.logits.shape[1], t2 - t1)
         row_scores = tree_processor(active, generated, trees, out.logits)
         results = acceptance.accept_batch(trees, row_scores, generator)
         out_of_time = max_time is not None and time.perf_counter() - t_start > max_time
@@ -342,6 +350,8 @@ def generate(
         for r, tree, res, cut in zip(active, trees, results, pruned):
             kept, done = push(r, [int(tree.tokens[j]) for j in res.path] + [res.next_token])
             _record(stats, tree, res.path, kept, cut)
+            if budget is not None:
+                budget.observe_row(tree, len(res.path))
             emit(r, kept)
             paths.append(res.path)
             nexts.append(res.next_token)
