@@ -10,5 +10,7 @@ from .base import DraftContext, Drafter, RoundResult
 from .draft_model import DraftModelDrafter
 from .lookup import PromptLookupDrafter
 from .oracle import NoisyOracleDrafter
+from .saving import TrainableDrafter, target_fingerprint
 
-__all__ = ["Drafter", "DraftContext", "RoundResult", "PromptLookupDrafter", "DraftModelDrafter", "NoisyOracleDrafter"]
+__all__ = ["Drafter", "DraftContext", "RoundResult", "PromptLookupDrafter", "DraftModelDrafter", "NoisyOracleDrafter",
+           "TrainableDrafter", "target_fingerprint"]
