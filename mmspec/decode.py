@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .acceptance import AcceptanceRule, get_rule
@@ -270,6 +271,10 @@ def generate(
 
     prompt_rows = [input_ids[r, attention_mask[r].bool()].tolist() for r in range(batch)]
     generated: list[list[int]] = [[] for _ in range(batch)]
+    # Each row's committed tokens in a preallocated buffer: drafters get views, O(1) per round.
+    buffers = [np.empty(len(p) + max_new, dtype=np.int64) for p in prompt_rows]
+    for buf, p in zip(buffers, prompt_rows):
+        buf[: len(p)] = p
     active = list(range(batch))  # original row of each state row
 
     def push(r: int, new_tokens: list[int]) -> tuple[list[int], bool]:
@@ -277,6 +282,7 @@ def generate(
         kept = []
         for tok in new_tokens:
             kept.append(tok)
+            buffers[r][len(prompt_rows[r]) + len(generated[r])] = tok
             generated[r].append(tok)
             if tok in eos_ids or len(generated[r]) >= max_new or (
                 stopper is not None and stopper.hit(prompt_rows[r][-stopper.longest - 1 :] + generated[r])
@@ -308,7 +314,7 @@ def generate(
 
     def context(hidden_states) -> DraftContext:
         return DraftContext(
-            sequences=[prompt_rows[r] + generated[r] for r in active],
+            sequences=[buffers[r][: len(prompt_rows[r]) + len(generated[r])] for r in active],
             rows=list(active),
             remaining=[max_new - len(generated[r]) for r in active],
             prompt_lengths=[len(prompt_rows[r]) for r in active],

@@ -2,6 +2,7 @@
 
 from mmspec.drafters import PromptLookupDrafter
 from mmspec.drafters.base import DraftContext
+from mmspec.tree import DraftTree
 
 
 def test_longest_ngram_and_most_recent_first():
@@ -30,3 +31,20 @@ def test_several_matches_merge_into_a_tree():
     tree = d.propose(ctx)[0]
     assert sorted(tree.token_paths()) == [[1, 5], [2, 5], [3, 5]]
     assert tree.max_depth == 2 and len(tree) == 6
+
+
+def test_incremental_index_equals_a_fresh_scan():
+    """propose() keeps one n-gram index per row across rounds; it must give what a fresh scan gives."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    d = PromptLookupDrafter(num_draft_tokens=5, max_ngram=3, max_matches=3)
+    seq = list(rng.integers(0, 6, 20))
+    ctx = DraftContext(sequences=[np.asarray(seq)], rows=[7], remaining=[100], prompt_lengths=[20])
+    d.begin(ctx)
+    for _ in range(40):
+        seq += list(rng.integers(0, 6, int(rng.integers(1, 4))))
+        ctx.sequences = [np.asarray(seq)]
+        tree = d.propose(ctx)[0]
+        fresh = PromptLookupDrafter(num_draft_tokens=5, max_ngram=3, max_matches=3).candidates(seq)
+        assert tree.token_paths() == DraftTree.from_sequences(fresh, budget=d.budget).token_paths()

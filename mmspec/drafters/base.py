@@ -30,8 +30,9 @@ class DraftContext:
     """What a drafter may read when proposing.
 
     Attributes:
-        sequences: per active row, its committed tokens (prompt without padding, then every generated
-            token; the last one is the pending token the next target pass starts from).
+        sequences: per active row, its committed tokens as a 1-D int64 numpy view (prompt without
+            padding, then every generated token; the last one is the pending token the next target pass
+            starts from). Views of the loop's buffers: copy them to keep them past the round.
         rows: original batch index of each active row (rows leave when they finish).
         remaining: per active row, tokens it may still generate (a round commits at most depth + 1).
         prompt_lengths: per active row, length of its unpadded prompt.

@@ -46,17 +46,24 @@ class PromptLookupDrafter(Drafter):
         self.max_matches = max_matches
         self.budget = budget or num_draft_tokens * max_matches
 
-    def candidates(self, sequence) -> list[list[int]]:
-        """Distinct continuations of the sequence's tail, best (longest n-gram, most recent) first."""
+    def candidates(self, sequence, index: "_NgramIndex | None" = None) -> list[list[int]]:
+        """Distinct continuations of the sequence's tail, best (longest n-gram, most recent) first.
+
+        ``index`` is the row's incremental n-gram index (kept across rounds by :meth:`propose`, so a round
+        costs O(new tokens) rather than a scan of the whole sequence); without one a fresh index is built.
+        """
         seq = np.asarray(sequence, dtype=np.int64)
+        if index is None:
+            index = _NgramIndex(self.min_ngram, self.max_ngram)
+        index.extend(seq)
         length = len(seq)
         found: list[list[int]] = []
         seen: set[tuple] = set()
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            tail = seq[length - n:]
-            windows = np.lib.stride_tricks.sliding_window_view(seq[: length - 1], n)
-            starts = np.nonzero((windows == tail).all(axis=1))[0]
-            for s in starts[::-1]:  # most recent first
+            starts = index.starts(seq[length - n:])
+            for s in reversed(starts):  # most recent first
+                if s + n >= length:  # the tail itself
+                    continue
                 key = self._continuation(seq, s + n)
                 if key in seen:
                     continue
@@ -81,5 +88,33 @@ class PromptLookupDrafter(Drafter):
         idx[past] = start + (k[past] % period)
         return tuple(seq[idx].tolist())
 
+    def begin(self, ctx: DraftContext) -> None:
+        self._indexes = {r: _NgramIndex(self.min_ngram, self.max_ngram) for r in ctx.rows}
+
     def propose(self, ctx: DraftContext) -> list[DraftTree]:
-        return [DraftTree.from_sequences(self.candidates(seq), budget=self.budget) for seq in ctx.sequences]
+        indexes = getattr(self, "_indexes", {})
+        return [DraftTree.from_sequences(self.candidates(seq, indexes.get(r)), budget=self.budget)
+                for r, seq in zip(ctx.rows, ctx.sequences)]
+
+
+class _NgramIndex:
+    """Start positions of every n-gram (``min_n <= n <= max_n``) of a growing sequence, in order."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.length = 0
+        self.table: dict[tuple, list[int]] = {}
+
+    def extend(self, seq: np.ndarray) -> None:
+        """Index the n-grams that end in ``seq[self.length:]`` (the tokens added since the last call)."""
+        if len(seq) <= self.length:
+            return
+        base = max(0, self.length - self.max_n + 1)  # earlier tokens can still start a new n-gram
+        toks = seq[base:].tolist()
+        for end in range(self.length + 1, len(seq) + 1):  # n-grams ending at position end - 1
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self.table.setdefault(tuple(toks[end - n - base:end - base]), []).append(end - n)
+        self.length = len(seq)
+
+    def starts(self, gram: np.ndarray) -> list[int]:
+        return self.table.get(tuple(gram.tolist()), [])
