@@ -18,11 +18,16 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import random
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .errors import InvalidInputError
 
-__all__ = ["Example", "Workload", "register_workload", "get_workload", "workload_names", "SPLITS"]
+__all__ = ["Example", "Workload", "SeededWorkload", "register_workload", "get_workload", "workload_names",
+           "seed_for", "rngs_for", "check_item", "SPLITS"]
 
 SPLITS = ("train", "test")
 
@@ -61,9 +66,86 @@ class Workload:
 
     def examples(self, split: str, n: int, start: int = 0) -> list[Example]:
         """Items ``start .. start + n - 1`` of ``split``."""
-        if split not in SPLITS:
-            raise InvalidInputError(f"unknown split {split!r}; use one of {SPLITS}")
+        check_item(split, start)
         return [self.example(split, i) for i in range(start, start + n)]
+
+
+# ---------------------------------------------------------------------------- seeded worlds
+# An item must be a pure function of (workload name, seed, split, index), identical on every machine and
+# in every process, with train and test drawn from different random streams. Python's hash() is salted
+# per process, so seeds come from SHA-256.
+
+
+def seed_for(name: str, split: str, index: int, seed: int = 0) -> int:
+    """A 64-bit seed from SHA-256 of the workload name, the global ``seed``, the split and the index.
+
+    Example:
+        >>> seed_for("charts", "test", 7) < 2 ** 64
+        True
+    """
+    key = f"mmspec-workload\x00{name}\x00{seed}\x00{split}\x00{index}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
+
+
+def rngs_for(name: str, split: str, index: int, seed: int = 0) -> tuple[random.Random, np.random.Generator]:
+    """A ``random.Random`` (content) and a ``numpy`` generator (pixel noise) for one item.
+
+    Example:
+        >>> a, _ = rngs_for("docs", "train", 1)
+        >>> b, _ = rngs_for("docs", "train", 1)
+        >>> a.random() == b.random()
+        True
+    """
+    s = seed_for(name, split, index, seed)
+    return random.Random(s), np.random.default_rng(s)
+
+
+def check_item(split, index) -> int:
+    """Validate ``split`` and ``index``; raise :class:`~mmspec.errors.InvalidInputError` otherwise.
+
+    Example:
+        >>> check_item("train", 3)
+        3
+    """
+    if split not in SPLITS:
+        raise InvalidInputError(f"unknown split {split!r}; use one of {SPLITS}")
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+        raise InvalidInputError(f"index must be a non-negative integer, got {index!r}")
+    return int(index)
+
+
+class SeededWorkload(Workload):
+    """A :class:`~mmspec.workloads.Workload` whose items are drawn from per-item seeded generators.
+
+    Subclasses implement ``generate(rng, nrng, split, index, draw=True) -> Example`` and may set ``seed``
+    (an int mixed into every item's seed: a different ``seed`` gives a different, equally valid world).
+    With ``draw=False`` a subclass skips the pixels (``images == []``) but must return the same prompt,
+    target and content, which :meth:`text_example` exposes (fast text for tokenizers); so the pixel work
+    must come after every draw that decides content.
+    """
+
+    name = "seeded"
+    seed = 0
+
+    def example(self, split: str, index: int) -> Example:
+        return self._make(split, index, True)
+
+    def text_example(self, split: str, index: int) -> Example:
+        """The item without pixels (``images == []``): same id, prompt, target and content; much faster."""
+        return self._make(split, index, False)
+
+    def _make(self, split, index, draw: bool) -> Example:
+        index = check_item(split, index)
+        rng, nrng = rngs_for(self.name, split, index, self.seed)
+        ex = self.generate(rng, nrng, split, index, draw=draw)
+        ex.id = f"{self.name}/{split}/{index}"
+        ex.meta.setdefault("split", split)
+        ex.meta.setdefault("index", index)
+        return ex
+
+    def generate(self, rng: random.Random, nrng: np.random.Generator, split: str, index: int,
+                 draw: bool = True) -> Example:
+        raise NotImplementedError  # abstract: every concrete workload overrides it
 
 
 _WORKLOADS: dict[str, type] = {}

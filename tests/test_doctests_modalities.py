@@ -19,7 +19,7 @@ def _modules():
     for pkg in ("mmspec.vision", "mmspec.drivers", "mmspec.image_ar", "mmspec.kernels"):
         mod = importlib.import_module(pkg)
         names.append(pkg)
-        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(mod.__path__)]
+        names += [m.name for m in pkgutil.walk_packages(mod.__path__, prefix=f"{pkg}.")]
     return names
 
 

@@ -1,7 +1,8 @@
 """mmspec.vision: image/video preprocessing and the VLM pipeline.
 
 Importing this package registers :class:`~mmspec.vision.pipeline.VLMPipeline` for the ``"vlm"`` task and
-the model types it drives; the core imports it only lazily, through :mod:`mmspec.registry`.
+the model types it drives, and the ``docs`` and ``charts`` workloads (:mod:`mmspec.vision.workloads`); the
+core imports it only lazily, through :mod:`mmspec.registry`.
 
 Example:
     >>> from mmspec.vision import load_image
@@ -11,10 +12,15 @@ Example:
 """
 
 from mmspec.registry import register_pipeline
+from mmspec.workloads import register_workload
 
 from .images import load_image, load_images
 from .pipeline import VLM_MODEL_TYPES, VLMPipeline
+from .workloads import ChartsWorkload, DocsWorkload
 
 register_pipeline(VLMPipeline.task, VLMPipeline, model_types=VLM_MODEL_TYPES)
+# the synthetic testbed workloads (mmspec.workloads.get_workload("docs") / ("charts"))
+register_workload(DocsWorkload)
+register_workload(ChartsWorkload)
 
-__all__ = ["load_image", "load_images", "VLMPipeline", "VLM_MODEL_TYPES"]
+__all__ = ["load_image", "load_images", "VLMPipeline", "VLM_MODEL_TYPES", "DocsWorkload", "ChartsWorkload"]
