@@ -1,4 +1,4 @@
-"""The ``mmspec`` command line: ``mmspec generate`` and ``mmspec demo``.
+"""The ``mmspec`` command line: ``mmspec generate``, ``mmspec demo`` and ``mmspec bench``.
 
 Why: trying a drafter on a checkpoint should not need a script. Errors a user can cause (a missing
 image, a prompt past the context window, an unsupported model, a drafter for another target) print
@@ -8,6 +8,7 @@ Example:
     $ mmspec demo
     $ mmspec generate --model ./tiny-vlm --image page.png --prompt "Describe the image." \\
           --drafter lookup --max-new-tokens 32 --json
+    $ mmspec bench --quick --json bench.json --png bench.png
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ EXIT_USER_ERROR = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``mmspec`` (subcommands ``generate`` and ``demo``).
+    """The argument parser of ``mmspec`` (subcommands ``generate``, ``demo`` and ``bench``).
 
     Example:
         >>> build_parser().parse_args(["generate", "--model", "m", "--prompt", "hi"]).max_new_tokens
@@ -55,6 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run the bundled demo (a tiny random Qwen2-VL, built locally)")
     d.add_argument("--out-dir", default=None, help="where the tiny model lives (default ~/.cache/mmspec/tiny-vlm)")
     d.add_argument("--max-new-tokens", type=int, default=48)
+
+    b = sub.add_parser("bench", help="AR vs transformers assisted generation vs mmspec drafters, in one run",
+                       description="Interleaved benchmark on workloads: speedup over AR measured in one run, "
+                                   "tau, forwards per token, identity to AR. Prints a table; --json/--png save it.")
+    b.add_argument("--model", default=None, help="target checkpoint (default: the tiny demo VLM)")
+    b.add_argument("--workload", default=None, help="comma-separated workloads (default: docs,charts)")
+    b.add_argument("--systems", default=None,
+                   help="comma-separated: ar, hf-prompt-lookup, hf-assistant, lookup, draft-model, or another "
+                        "registered drafter kind[:PATH] (default: all that apply)")
+    b.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="small model with the target's tokenizer, for draft-model and hf-assistant")
+    b.add_argument("--n", type=int, default=None, help="examples per workload (default 8; --quick 4)")
+    b.add_argument("--max-new-tokens", type=int, default=None, help="default 64; --quick 16")
+    b.add_argument("--batch-sizes", default="1,4", help="comma-separated batch sizes (default 1,4)")
+    b.add_argument("--split", default="test", help="workload split (default test)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: cuda when available)")
+    b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    b.add_argument("--quick", action="store_true", help="few examples, short generations (< 2 min on a CPU)")
+    b.add_argument("--json", default=None, metavar="PATH", help="write {results, meta} as JSON")
+    b.add_argument("--png", default=None, metavar="PATH", help="write histogram and speedup charts")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
 
@@ -90,6 +113,23 @@ def _demo(args) -> int:
     return 0 if out.info.get("matches_generate", True) else 1
 
 
+def _bench(args) -> int:
+    from .bench import BenchConfig, check_outputs, parse_csv, run_bench
+
+    check_outputs(args.json, args.png)
+    cfg = BenchConfig(model=args.model, workloads=parse_csv(args.workload), systems=parse_csv(args.systems),
+                      draft_model=args.draft_model, n=args.n, max_new_tokens=args.max_new_tokens,
+                      batch_sizes=parse_csv(args.batch_sizes, int, "batch size"), split=args.split, seed=args.seed,
+                      quick=args.quick, device=args.device, threads=args.threads)
+    report = run_bench(cfg, progress=not args.no_progress)
+    print(report.table())
+    if args.json:
+        report.save_json(args.json)
+    if args.png:
+        report.save_png(args.png)
+    return 0
+
+
 def _quiet_transformers() -> None:
     # Weight-loading progress bars and advisory warnings are noise on a command line.
     try:
@@ -118,6 +158,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "bench":
+            return _bench(args)
         return _demo(args)
     except MMSpecError as e:
         msg = " ".join(str(e).split())

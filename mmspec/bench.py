@@ -1,0 +1,688 @@
+"""``mmspec bench``: plain AR, transformers' assisted generation and mmspec drafters, measured in one run.
+
+Why: a speedup is only worth quoting as a ratio measured in one run, plain autoregressive decoding and
+the speculative systems interleaved on the same inputs after a warm-up (DESIGN.md, conventions). This
+module is that measurement, once, for every system: ``ar`` (``model.generate``), transformers' own
+assisted generation (``hf-prompt-lookup``, ``hf-assistant``) and every mmspec drafter the registry
+knows (``lookup``, ``draft-model``, and kinds later issues register: ``eagle:PATH``, ``glance:PATH``...).
+
+How it measures, per (workload, batch size):
+
+* each example goes through the target pipeline's own preprocessing (:meth:`VLMPipeline.prepare`: chat
+  template, images; batches are left-padded by the processor);
+* one untimed warm-up pass of every system over the first batch;
+* then, batch by batch, every system runs back to back on the same inputs, in an order rotated per
+  batch to spread drift, each timed with ``time.perf_counter`` (CUDA synchronised on GPU);
+* ``speedup_vs_ar`` = (sum of AR times) / (sum of the system's times) over the same batches
+  (``speedup_median``: the median of the per-batch ratios, robust to a disturbed run);
+  ``identical_to_ar`` says whether every output equalled AR's token for token (greedy);
+* τ, per-position acceptance and the accepted-length histogram are pooled over all rounds with
+  :meth:`SpecStats.merge`; transformers does not expose its rounds, so τ is ``null`` there, but its
+  target forward passes are counted with a forward pre-hook (``forwards_per_token``).
+
+transformers' assisted generation is batch-1 only, so its batch>1 records say ``"unsupported: ..."``. A
+system that raises is recorded as ``"error: ..."`` and the run goes on (transformers 5.24's prompt lookup
+copies a chat prompt's image placeholder tokens into its drafts, which Qwen2-VL then rejects).
+
+Example:
+    >>> cfg = BenchConfig(workloads=["docs"], quick=True)                       # doctest: +SKIP
+    >>> report = run_bench(cfg)                                                 # doctest: +SKIP
+    >>> print(report.table()); report.save_json("b.json"); report.save_png("b.png")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+import torch
+
+from .errors import InvalidInputError
+from .stats import SpecStats
+
+__all__ = ["BenchConfig", "BenchReport", "System", "run_bench", "default_model_path", "parse_csv",
+           "check_outputs", "count_forwards", "BUILTIN_SYSTEMS", "DEFAULT_WORKLOADS", "HF_BATCH1_ONLY"]
+
+BUILTIN_SYSTEMS = ("ar", "hf-prompt-lookup", "hf-assistant")
+"""Systems that are not mmspec drafters; every other system name is a drafter spec for the registry."""
+
+DEFAULT_WORKLOADS = ("docs", "charts")
+"""Workloads benchmarked when none are named (those of them that are registered)."""
+
+HF_BATCH1_ONLY = "unsupported: transformers assisted generation is batch-1 only"
+
+_QUICK = {"n": 4, "max_new_tokens": 16}
+_FULL = {"n": 8, "max_new_tokens": 64}
+
+
+def default_model_path() -> str:
+    """The target benchmarked when no ``--model`` is given: THE one place where that default is chosen.
+
+    Why: for now the tiny random demo VLM (built locally on first use); once the trained testbed
+    target exists, this returns its folder instead and nothing else changes.
+
+    Example:
+        >>> default_model_path()                                                # doctest: +SKIP
+        '/root/.cache/mmspec/tiny-vlm'
+    """
+    from .demo import tiny_vlm_path
+
+    return tiny_vlm_path()
+
+
+def parse_csv(text, cast=str, what: str = "value") -> list:
+    """Split a comma-separated command-line value into a list (``None`` stays ``None``).
+
+    Example:
+        >>> parse_csv("docs, charts")
+        ['docs', 'charts']
+        >>> parse_csv("1,4", int, "batch size")
+        [1, 4]
+    """
+    if text is None:
+        return None
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        return [cast(t) for t in items]
+    except ValueError as e:
+        raise InvalidInputError(f"bad {what} list {text!r}: {e}") from e
+
+
+# ---------------------------------------------------------------------------- configuration
+@dataclass
+class BenchConfig:
+    """What to benchmark; ``None`` fields take defaults (``quick`` picks smaller ones).
+
+    Attributes:
+        model: target folder (default :func:`default_model_path`).
+        workloads: workload names (default: those of ``docs``, ``charts`` that are registered).
+        systems: system names: ``ar``, ``hf-prompt-lookup``, ``hf-assistant``, or an mmspec drafter spec
+            (``lookup``, ``draft-model``, ``kind:PATH``). Default: AR, HF prompt lookup and mmspec lookup,
+            plus ``hf-assistant`` and ``draft-model`` when ``draft_model`` is given. AR always runs: it is
+            the reference every ratio is taken against.
+        draft_model: folder of a small model with the target's tokenizer (mmspec ``draft-model`` and the
+            HF assistant share it).
+        n: examples per workload; max_new_tokens: tokens generated per example.
+        batch_sizes: batch sizes to measure (the processor left-pads a batch).
+        lookup_tokens: draft depth of both prompt-lookup systems (HF ``prompt_lookup_num_tokens`` and
+            mmspec lookup's ``num_draft_tokens``), so they compare like for like.
+        device: ``"cpu"``, ``"cuda"``...; default CUDA when available.
+        threads: ``torch.set_num_threads`` for the run (default: torch's choice). On a small, busy CPU one
+            thread is often faster and steadier for tiny models.
+
+    Example:
+        >>> BenchConfig(quick=True).resolved_sizes()
+        (4, 16)
+    """
+
+    model: str | None = None
+    workloads: list | None = None
+    systems: list | None = None
+    draft_model: str | None = None
+    n: int | None = None
+    max_new_tokens: int | None = None
+    batch_sizes: list = field(default_factory=lambda: [1, 4])
+    split: str = "test"
+    seed: int = 0
+    quick: bool = False
+    lookup_tokens: int = 8
+    device: str | None = None
+    threads: int | None = None
+
+    def resolved_sizes(self) -> tuple[int, int]:
+        """``(n, max_new_tokens)`` after defaults; raises on non-positive values."""
+        base = _QUICK if self.quick else _FULL
+        n = base["n"] if self.n is None else self.n
+        new = base["max_new_tokens"] if self.max_new_tokens is None else self.max_new_tokens
+        for name, v in (("n", n), ("max_new_tokens", new)):
+            if not isinstance(v, int) or v < 1:
+                raise InvalidInputError(f"{name} must be a positive integer (got {v!r})")
+        return n, new
+
+
+def _resolve_workloads(names) -> list:
+    """Workload instances for ``names`` (default: the registered ones of :data:`DEFAULT_WORKLOADS`)."""
+    from .workloads import get_workload, workload_names
+
+    if not names:
+        known = workload_names()
+        names = [w for w in DEFAULT_WORKLOADS if w in known]
+        if not names:
+            raise InvalidInputError(
+                f"the default workloads ({', '.join(DEFAULT_WORKLOADS)}) are not registered; pass --workload NAME "
+                f"(known: {', '.join(known) or 'none'})"
+            )
+    return [get_workload(n) for n in names]
+
+
+def _resolve_systems(names, draft_model) -> list[str]:
+    """Validated system names, AR first; raises :class:`InvalidInputError` on unknown ones."""
+    from .registry import drafter_kinds
+
+    if not names:
+        names = ["ar", "hf-prompt-lookup", "lookup"] + (["hf-assistant", "draft-model"] if draft_model else [])
+    kinds = drafter_kinds()
+    out = ["ar"]
+    for name in names:
+        if name in out:
+            continue
+        if name not in BUILTIN_SYSTEMS and name.partition(":")[0] not in kinds:
+            raise InvalidInputError(
+                f"unknown system {name!r}; systems: {', '.join(BUILTIN_SYSTEMS)}, or an mmspec drafter "
+                f"({', '.join(kinds)}, optionally 'kind:PATH')"
+            )
+        if name in ("hf-assistant", "draft-model") and not draft_model:
+            raise InvalidInputError(
+                f"system {name!r} needs a small model with the target's tokenizer: --draft-model PATH"
+            )
+        out.append(name)
+    return out
+
+
+# ---------------------------------------------------------------------------- systems
+@contextmanager
+def count_forwards(model):
+    """Count calls of ``model``'s forward inside the block (a forward pre-hook); yields a 1-item list.
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> with count_forwards(lin) as n:
+        ...     _ = lin(torch.ones(2)); _ = lin(torch.ones(2))
+        >>> n[0]
+        2
+    """
+    count = [0]
+    handle = model.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+class System:
+    """One way of generating greedily with the target: ``run(inputs) -> (sequences, stats | None, forwards)``.
+
+    Why: the bench loop treats AR, transformers' assisted generation and every mmspec drafter the same;
+    a system only says how it generates (:meth:`_generate`), which batch sizes it takes
+    (:meth:`unsupported`), and what kind it is (``"ar"``, ``"hf"``, ``"mmspec"``, for the record).
+
+    Example:
+        >>> class Echo(System):
+        ...     def _generate(self, inputs):
+        ...         return inputs["input_ids"], None
+        >>> Echo("echo", torch.nn.Identity(), 4).run({"input_ids": torch.ones(1, 3)})[2]
+        0
+    """
+
+    kind = "ar"
+
+    def __init__(self, name: str, model, max_new_tokens: int):
+        self.name = name
+        self.model = model
+        self.max_new_tokens = max_new_tokens
+
+    def unsupported(self, batch_size: int) -> str | None:
+        """``None`` when the system can run this batch size, else the record's ``"unsupported: ..."`` status."""
+        return None
+
+    def run(self, inputs) -> tuple:
+        """Generate for ``inputs``; returns ``(sequences, SpecStats or None, target forward calls)``."""
+        with count_forwards(self.model) as n:
+            sequences, stats = self._generate(inputs)
+        return sequences, stats, n[0]
+
+    def _generate(self, inputs) -> tuple:
+        raise NotImplementedError  # abstract: each system says how it generates
+
+
+class ARSystem(System):
+    """Plain greedy ``model.generate``: the reference of every ratio."""
+
+    kind = "ar"
+
+    def _generate(self, inputs):
+        return self.model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens), None
+
+
+class HFAssistedSystem(System):
+    """transformers' assisted generation (``prompt_lookup_num_tokens=`` or ``assistant_model=``).
+
+    transformers raises "assisted generate is only supported for batch_size = 1" for larger batches.
+    """
+
+    kind = "hf"
+
+    def __init__(self, name, model, max_new_tokens, **assist_kwargs):
+        super().__init__(name, model, max_new_tokens)
+        self.assist_kwargs = assist_kwargs
+
+    def unsupported(self, batch_size):
+        return HF_BATCH1_ONLY if batch_size > 1 else None
+
+    def _generate(self, inputs):
+        out = self.model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens, **self.assist_kwargs)
+        return out, None
+
+
+class MMSpecSystem(System):
+    """:func:`mmspec.generate` with one drafter, built once from a registry spec and reused."""
+
+    kind = "mmspec"
+
+    def __init__(self, name, model, max_new_tokens, drafter):
+        super().__init__(name, model, max_new_tokens)
+        self.drafter = drafter
+
+    def _generate(self, inputs):
+        from .decode import generate
+
+        out = generate(self.model, inputs, drafter=self.drafter, do_sample=False, max_new_tokens=self.max_new_tokens)
+        return out.sequences, out.stats
+
+
+def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int) -> list[System]:
+    """Turn validated system names into :class:`System` objects bound to ``model``.
+
+    mmspec systems come from the drafter registry (:func:`mmspec.registry.make_drafter`); the small
+    model behind ``draft-model`` is loaded once and also serves as transformers' ``assistant_model``.
+    """
+    from .registry import make_drafter
+
+    small = None
+    if cfg.draft_model and {"hf-assistant", "draft-model"} & set(names):
+        small = make_drafter({"kind": "draft-model", "path": cfg.draft_model}, model)
+    systems = []
+    for name in names:
+        if name == "ar":
+            systems.append(ARSystem(name, model, max_new_tokens))
+        elif name == "hf-prompt-lookup":
+            systems.append(HFAssistedSystem(name, model, max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
+        elif name == "hf-assistant":
+            systems.append(HFAssistedSystem(name, model, max_new_tokens, assistant_model=small.model))
+        elif name == "draft-model":
+            systems.append(MMSpecSystem(name, model, max_new_tokens, small))
+        elif name == "lookup":
+            drafter = make_drafter({"kind": "lookup", "num_draft_tokens": cfg.lookup_tokens}, model)
+            systems.append(MMSpecSystem(name, model, max_new_tokens, drafter))
+        else:
+            systems.append(MMSpecSystem(name, model, max_new_tokens, make_drafter(name, model)))
+    return systems
+
+
+# ---------------------------------------------------------------------------- measuring
+@dataclass
+class _Tally:
+    """What one system accumulated over the timed batches of one (workload, batch size)."""
+
+    system: System
+    status: str = "ok"
+    time: float = 0.0
+    batch_times: list = field(default_factory=list)
+    forwards: int = 0
+    new_tokens: int = 0
+    identical: bool = True
+    stats: SpecStats | None = None
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(system: System, inputs, device) -> tuple:
+    """``(sequences, stats, forwards, seconds)`` of one run, the clock read after the device is idle."""
+    _sync(device)
+    t0 = time.perf_counter()
+    sequences, stats, forwards = system.run(inputs)
+    _sync(device)
+    return sequences, stats, forwards, time.perf_counter() - t0
+
+
+def _count_new_tokens(sequences, prompt_len: int, eos_ids: set) -> int:
+    """Generated tokens over the rows: up to and including each row's first eos (padding excluded).
+
+    Example:
+        >>> _count_new_tokens(torch.tensor([[9, 1, 2, 7, 0], [9, 1, 7, 0, 0]]), 1, {7})
+        5
+    """
+    total = 0
+    for row in sequences[:, prompt_len:].tolist():
+        stop = next((i for i, t in enumerate(row) if t in eos_ids), None)
+        total += len(row) if stop is None else stop + 1
+    return total
+
+
+def _eos_ids(model) -> set:
+    eos = model.generation_config.eos_token_id
+    return set() if eos is None else set(eos if isinstance(eos, (list, tuple)) else [eos])
+
+
+def _error_status(exc: Exception, where: str) -> str:
+    msg = " ".join(str(exc).split())
+    return f"error: {where}: {type(exc).__name__}: {msg}"
+
+
+def _attempt(tally: _Tally, inputs, where: str, device):
+    """One timed run of ``tally``'s system, or ``None`` after marking it ``error`` (AR errors propagate)."""
+    try:
+        return _timed(tally.system, inputs, device)
+    except Exception as e:  # noqa: BLE001 - a failing competitor is a result, not a crash
+        if tally.system.kind == "ar":
+            raise
+        tally.status = _error_status(e, where)
+        return None
+
+
+def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System], device, eos_ids: set,
+                bar) -> list[_Tally]:
+    """Measure every system on ``batches`` (one workload, one batch size), interleaved; one tally each.
+
+    The first batch is run once untimed by every system (warm-up); then each batch is run by every
+    system back to back, the order rotated by one per batch. AR failing is a real failure and raises;
+    any other system that raises is marked ``error`` and skipped for the rest of the cell.
+    """
+    tallies = [_Tally(s) for s in systems]
+    for t in tallies:
+        t.status = t.system.unsupported(batch_size) or "ok"
+    live = [t for t in tallies if t.status == "ok"]
+    for t in live:
+        _attempt(t, batches[0], f"warm-up on {ids[0]}", device)
+        bar.update(1)
+    for i, (inputs, where) in enumerate(zip(batches, ids)):
+        outputs = {}
+        for t in live[i % len(live):] + live[: i % len(live)]:
+            run = _attempt(t, inputs, where, device) if t.status == "ok" else None
+            bar.update(1)
+            if run is None:
+                continue
+            seq, stats, forwards, seconds = run
+            outputs[t.system.name] = seq.cpu()
+            t.time += seconds
+            t.batch_times.append(seconds)
+            t.forwards += forwards
+            t.new_tokens += _count_new_tokens(seq, inputs["input_ids"].shape[1], eos_ids)
+            if stats is not None:
+                t.stats = (t.stats or SpecStats()).merge(stats)
+        for t in live:
+            if t.system.name in outputs:
+                t.identical = t.identical and torch.equal(outputs[t.system.name], outputs["ar"])
+    return tallies
+
+
+def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: _Tally) -> dict:
+    """One result row; measured fields are ``None`` when the system did not run to the end.
+
+    ``speedup_vs_ar`` is the pooled ratio (sum of AR times / sum of the system's); ``speedup_median``, the
+    median over batches of the per-batch ratio, is its robust companion: when they disagree, a few runs
+    were disturbed (on a small shared CPU, a stalled thread can inflate one run many times over).
+    """
+    s, kind, ok = tally.stats, tally.system.kind, tally.status == "ok"
+    rec = {"workload": workload, "system": tally.system.name, "kind": kind, "batch_size": batch_size,
+           "status": tally.status, "n_examples": n_examples}
+    if not ok:
+        measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
+                    "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar", "new_tokens",
+                    "lossless")
+        return {**rec, **dict.fromkeys(measured)}
+    if kind == "mmspec":
+        fpt, tau, lossless = s.forwards_per_token, s.tau, s.lossless
+    elif kind == "ar":
+        fpt, tau, lossless = 1.0, 1.0, True
+    else:  # transformers hides its rounds; batch 1, so forward calls per token are per row
+        fpt, tau, lossless = tally.forwards / max(tally.new_tokens, 1), None, True
+    rec.update(
+        tau=tau,
+        accept_rate=s.accept_rate if s else None,
+        accepted_hist=list(s.accepted_hist) if s else None,
+        ceiling_rounds=s.ceiling_rounds if s else None,
+        speedup_vs_ar=ar.time / tally.time if tally.time else None,
+        speedup_median=statistics.median(a / b for a, b in zip(ar.batch_times, tally.batch_times)),
+        forwards_per_token=fpt,
+        target_forwards=tally.forwards,
+        tokens_per_s=tally.new_tokens / tally.time if tally.time else None,
+        time_s=tally.time,
+        identical_to_ar=tally.identical,
+        new_tokens=tally.new_tokens,
+        lossless=lossless,
+    )
+    if kind == "ar":
+        rec["speedup_vs_ar"] = rec["speedup_median"] = 1.0  # exactly, by definition
+    return rec
+
+
+# ---------------------------------------------------------------------------- report
+@dataclass
+class BenchReport:
+    """The records (one per workload x system x batch size) and the run's metadata.
+
+    Example:
+        >>> r = BenchReport([], {"model": "m"})
+        >>> json.loads(r.to_json())["meta"]["model"]
+        'm'
+    """
+
+    results: list
+    meta: dict
+
+    def to_json(self) -> str:
+        return json.dumps({"results": self.results, "meta": self.meta}, indent=2)
+
+    def save_json(self, path) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json() + "\n")
+
+    def table(self) -> str:
+        """The records as a text table (column widths fit the content); full non-ok statuses follow it."""
+        cols = [("workload", "workload", "{}"), ("system", "system", "{}"), ("bs", "batch_size", "{}"),
+                ("tau", "tau", "{:.2f}"), ("fwd/tok", "forwards_per_token", "{:.3f}"),
+                ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup_vs_ar", "{:.2f}x"),
+                ("median", "speedup_median", "{:.2f}x"),
+                ("same", "identical_to_ar", "{}"), ("status", "status", "{}")]
+        rows = [[_fmt(r[key], fmt) if key != "status" else r[key].split(":")[0] for _, key, fmt in cols]
+                for r in self.results]
+        widths = [max([len(head)] + [len(row[i]) for row in rows]) for i, (head, _, _) in enumerate(cols)]
+
+        def line(cells):
+            return "  ".join(c.ljust(w) if fmt == "{}" else c.rjust(w)
+                             for c, w, (_, _, fmt) in zip(cells, widths, cols)).rstrip()
+
+        out = [line([c[0] for c in cols]), "-" * (sum(widths) + 2 * (len(widths) - 1))] + [line(r) for r in rows]
+        notes = [f"  {r['workload']} / {r['system']} / batch {r['batch_size']}: {r['status']}"
+                 for r in self.results if r["status"] != "ok"]
+        if notes:
+            out += ["", "not run:"] + notes
+        out += ["", "speedup: sum of AR times / sum of the system's times, interleaved on the same inputs after a "
+                    "warm-up; median: median of the per-batch ratios; same: output identical to AR token for token"]
+        return "\n".join(out)
+
+    def save_png(self, path) -> None:
+        """One PNG: (a) accepted-length histograms of the mmspec systems, (b) speedups vs AR.
+
+        Bars in (b) are the pooled ratios (``speedup_vs_ar``), black diamonds the per-batch medians.
+
+        The histograms are those of the smallest batch size measured, as fractions of row-rounds; the
+        legend gives each one's τ and ceiling share (rounds whose whole draft was accepted).
+        """
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(13, 4.8), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax_hist, ax_speed = fig.subplots(1, 2, width_ratios=[1, 1.3])
+        colors = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(r["system"] for r in self.results
+                                                                       if r["system"] != "ar"))}
+        _plot_histograms(ax_hist, self.results, colors)
+        _plot_speedups(ax_speed, self.results, colors)
+        fig.suptitle(f"mmspec bench: {os.path.basename(str(self.meta.get('model', '')).rstrip('/'))} "
+                     f"({self.meta.get('device', '')}, {self.meta.get('date', '')[:10]})")
+        fig.savefig(path, dpi=110)
+
+
+def _fmt(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _plot_histograms(ax, results: list, colors: dict) -> None:
+    ok = [r for r in results if r["kind"] == "mmspec" and r["status"] == "ok" and r["accepted_hist"]]
+    if not ok:
+        ax.text(0.5, 0.5, "no mmspec system ran", ha="center", va="center", transform=ax.transAxes)
+        return
+    smallest = min(r["batch_size"] for r in ok)
+    series = [r for r in ok if r["batch_size"] == smallest]
+    width = 0.8 / len(series)
+    for i, r in enumerate(series):
+        hist = r["accepted_hist"]
+        total = sum(hist) or 1
+        xs = [a + 1 + (i - (len(series) - 1) / 2) * width for a in range(len(hist))]
+        label = (f"{r['system']} / {r['workload']}: tau {r['tau']:.2f}, "
+                 f"ceiling {r['ceiling_rounds'] / total:.0%}")
+        workloads = sorted({q["workload"] for q in series})
+        hatch = "//" if workloads.index(r["workload"]) % 2 else None
+        ax.bar(xs, [h / total for h in hist], width=width, label=label, color=colors[r["system"]], hatch=hatch)
+    ax.set_xticks(range(1, max(len(r["accepted_hist"]) for r in series) + 1))
+    ax.set_xlabel("tokens committed per round (accepted + bonus)")
+    ax.set_ylabel("fraction of row-rounds")
+    ax.set_title(f"(a) accepted-length histogram, batch {smallest}")
+    ax.legend(fontsize=7)
+
+
+def _plot_speedups(ax, results: list, colors: dict) -> None:
+    cells = list(dict.fromkeys((r["workload"], r["batch_size"]) for r in results))
+    systems = [s for s in dict.fromkeys(r["system"] for r in results) if s != "ar"]
+    by_key = {(r["workload"], r["batch_size"], r["system"]): r for r in results}
+    width = 0.8 / max(len(systems), 1)
+    for j, system in enumerate(systems):
+        xs, ys, medians = [], [], []
+        for i, (wl, bs) in enumerate(cells):
+            r = by_key.get((wl, bs, system))
+            x = i + (j - (len(systems) - 1) / 2) * width
+            if r is None or r["speedup_vs_ar"] is None:
+                status = "n/a" if r is None else r["status"].split(":")[0]
+                ax.text(x, 0.02, status, rotation=90, ha="center", va="bottom", fontsize=7, color="gray")
+                continue
+            xs.append(x)
+            ys.append(r["speedup_vs_ar"])
+            medians.append(r["speedup_median"])
+        bars = ax.bar(xs, ys, width=width, label=system, color=colors[system])
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=6)
+        ax.scatter(xs, medians, marker="D", s=12, color="black", zorder=3,
+                   label="median of per-batch ratios" if j == 0 else None)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="AR = 1")
+    ax.set_xticks(range(len(cells)), [f"{wl}\nbatch {bs}" for wl, bs in cells])
+    ax.set_ylabel("wall-clock speedup vs AR (same run)")
+    ax.set_title("(b) speedup over plain greedy generate")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
+    ax.legend(fontsize=7, loc="upper right", ncols=2)
+
+
+# ---------------------------------------------------------------------------- entry point
+def _meta(cfg: BenchConfig, model_path: str, model, n: int, max_new: int) -> dict:
+    import transformers
+
+    from . import __version__
+
+    cuda = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"node": platform.node(), "platform": platform.platform(), "processor": platform.processor(),
+                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cuda_device": cuda},
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "mmspec": __version__,
+        "model": model_path,
+        "model_type": model.config.model_type,
+        "dtype": str(model.dtype),
+        "device": str(model.device),
+        "draft_model": cfg.draft_model,
+        "args": {**asdict(cfg), "n": n, "max_new_tokens": max_new},
+        "speedup": "sum of AR times / sum of system times, interleaved per batch after a warm-up, one run",
+    }
+
+
+@contextmanager
+def _quiet_transformers():
+    """Silence transformers' advisory warnings for the run (restoring the verbosity after)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
+    """Run the benchmark ``cfg`` describes and return its :class:`BenchReport`.
+
+    Why: the one measurement every speedup claim of the project comes from (see the module docstring
+    for the protocol). Everything a user can get wrong (unknown workload or system, a missing draft
+    model, bad sizes) raises :class:`~mmspec.InvalidInputError` before the model is loaded; output paths
+    are checked by :func:`check_outputs`.
+
+    Example:
+        >>> report = run_bench(BenchConfig(workloads=["docs"], systems=["lookup"], quick=True))  # doctest: +SKIP
+        >>> [(r["system"], r["batch_size"], r["speedup_vs_ar"]) for r in report.results]     # doctest: +SKIP
+    """
+    from tqdm.auto import tqdm
+
+    from .pipelines import MMSpecPipeline
+
+    n, max_new = cfg.resolved_sizes()
+    if not cfg.batch_sizes or any(not isinstance(b, int) or b < 1 for b in cfg.batch_sizes):
+        raise InvalidInputError(f"batch sizes must be positive integers (got {cfg.batch_sizes!r})")
+    workloads = _resolve_workloads(cfg.workloads)
+    names = _resolve_systems(cfg.systems, cfg.draft_model)
+    examples = {w.name: w.examples(cfg.split, n) for w in workloads}
+    torch.manual_seed(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model_path = cfg.model or default_model_path()
+    with _quiet_transformers():
+        pipe = MMSpecPipeline.from_pretrained(model_path)
+        device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        pipe.model.to(device)
+        systems = build_systems(names, pipe.model, cfg, max_new)
+        eos_ids = _eos_ids(pipe.model)
+        total = sum((-(-n // bs) + 1) * len(systems) for bs in cfg.batch_sizes) * len(workloads)
+        results = []
+        with tqdm(total=total, desc="mmspec bench", file=sys.stderr, disable=not progress, leave=False) as bar:
+            for wl in workloads:
+                for bs in cfg.batch_sizes:
+                    chunks = [examples[wl.name][i:i + bs] for i in range(0, n, bs)]
+                    batches = [pipe.prepare(images=[e.images for e in c], prompt=[e.prompt for e in c]).to(device)
+                               for c in chunks]
+                    ids = [",".join(e.id for e in c) for c in chunks]
+                    bar.set_postfix_str(f"{wl.name} bs={bs}")
+                    tallies = _bench_cell(batches, ids, bs, systems, device, eos_ids, bar)
+                    ar = tallies[0]
+                    results += [_record(wl.name, bs, n, t, ar) for t in tallies]
+    return BenchReport(results, _meta(cfg, model_path, pipe.model, n, max_new))
+
+
+def check_outputs(json_path=None, png_path=None) -> None:
+    """Fail before a long run, not after it: output folders must exist and ``--png`` needs matplotlib.
+
+    Example:
+        >>> check_outputs(json_path="/no/such/dir/b.json")
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: cannot write /no/such/dir/b.json: folder /no/such/dir does not exist
+    """
+    for path in (json_path, png_path):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise InvalidInputError(f"cannot write {path}: folder {folder} does not exist")
+    if png_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as e:
+            raise InvalidInputError("--png needs matplotlib: pip install 'mmspec[bench]'") from e
