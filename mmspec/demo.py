@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["build_tiny_vlm", "tiny_vlm_path", "draw_test_image", "run_demo", "QWEN_SPECIAL_TOKENS", "CHAT_TEMPLATE"]
+__all__ = ["build_tiny_vlm", "build_qwen2vl", "train_tokenizer", "tiny_vlm_path", "draw_test_image", "run_demo", "QWEN_SPECIAL_TOKENS", "CHAT_TEMPLATE"]
 
 # Bump when what build_tiny_vlm writes changes, so cached copies are rebuilt.
 _BUILD_VERSION = 1
@@ -72,8 +72,14 @@ the vehicle ahead, and stop if the light turns red.
 """
 
 
-def _train_tokenizer(vocab_size: int = 512):
-    """A BPE tokenizer trained on the built-in corpus, with the Qwen special tokens at ids 0..6."""
+def train_tokenizer(texts, vocab_size: int = 512):
+    """A BPE tokenizer (``tokenizers.Tokenizer``) trained on ``texts``, with the Qwen special tokens at ids 0..6.
+
+    Example:
+        >>> tok = train_tokenizer(["a small corpus", "of two texts"], vocab_size=200)
+        >>> tok.token_to_id("<|im_end|>")
+        2
+    """
     import string
 
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -89,8 +95,65 @@ def _train_tokenizer(vocab_size: int = 512):
         initial_alphabet=alphabet,
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS.split("\n\n"), trainer)
+    tok.train_from_iterator(texts, trainer)
     return tok
+
+
+def build_qwen2vl(tokenizer_object, text: dict, vision: dict, pixels: dict, seed: int = 0):
+    """A randomly initialised Qwen2-VL and its processor around a trained ``tokenizers`` tokenizer.
+
+    Args:
+        tokenizer_object: from :func:`train_tokenizer` (Qwen special tokens included).
+        text, vision: overrides of the text and vision sub-configs (sizes, rope, init).
+        pixels: ``min_pixels`` / ``max_pixels`` of the image and video processors.
+
+    Returns:
+        ``(model, processor)``, the model in eval mode with its generation config's special ids set.
+    """
+    import torch
+    from transformers import (PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                              Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor)
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer_object,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        extra_special_tokens={
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+            "vision_bos_token": "<|vision_start|>",
+            "vision_eos_token": "<|vision_end|>",
+        },
+        padding_side="left",
+    )
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**pixels),
+        video_processor=Qwen2VLVideoProcessor(**pixels),
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
+    )
+    text_config = dict(vocab_size=len(tokenizer), max_position_embeddings=2048, bos_token_id=ids["<|endoftext|>"],
+                       eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    text_config.update(text)
+    config = Qwen2VLConfig(
+        text_config=text_config,
+        vision_config=dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                           hidden_size=text_config["hidden_size"], **vision),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        initializer_range=text.get("initializer_range", 0.02),
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.generation_config.bos_token_id = ids["<|endoftext|>"]
+    return model, processor
 
 
 def build_tiny_vlm(path, seed: int = 0):
@@ -112,63 +175,18 @@ def build_tiny_vlm(path, seed: int = 0):
         >>> p = build_tiny_vlm("/tmp/tiny-vlm")                                       # doctest: +SKIP
         >>> Qwen2VLForConditionalGeneration.from_pretrained(p)                         # doctest: +SKIP
     """
-    import torch
-    from transformers import (PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
-                              Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor)
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_train_tokenizer(),
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-        extra_special_tokens={
-            "image_token": "<|image_pad|>",
-            "video_token": "<|video_pad|>",
-            "vision_bos_token": "<|vision_start|>",
-            "vision_eos_token": "<|vision_end|>",
-        },
-        padding_side="left",
+    model, processor = build_qwen2vl(
+        train_tokenizer(_CORPUS.split("\n\n")),
+        # head_dim 16 -> 8 rotary frequencies split over (temporal, height, width).
+        text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.1,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision=dict(depth=1, embed_dim=32, num_heads=2, mlp_ratio=2, initializer_range=0.1),
+        pixels=dict(min_pixels=56 * 56, max_pixels=112 * 112),
+        seed=seed,
     )
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
-    pixels = dict(min_pixels=56 * 56, max_pixels=112 * 112)
-    processor = Qwen2VLProcessor(
-        image_processor=Qwen2VLImageProcessor(**pixels),
-        video_processor=Qwen2VLVideoProcessor(**pixels),
-        tokenizer=tokenizer,
-        chat_template=CHAT_TEMPLATE,
-    )
-    config = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-            # head_dim 16 -> 8 rotary frequencies split over (temporal, height, width).
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-            initializer_range=0.1,
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-        ),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.1),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        initializer_range=0.1,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    model.generation_config.bos_token_id = ids["<|endoftext|>"]
     model.save_pretrained(path)
     processor.save_pretrained(path)
     (path / _MARKER).write_text(json.dumps({"version": _BUILD_VERSION, "seed": seed}))
