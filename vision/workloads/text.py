@@ -326,8 +326,10 @@ def all_text(workload, split: str = "train", n: int = 1000, start: int = 0,
         from mmspec.workloads import get_workload
 
         workload = get_workload(workload)
+    # Seeded workloads can skip the pixels: same prompt and target, 10-25x faster.
+    make = getattr(workload, "text_example", workload.example)
     for i in range(start, start + n):
-        ex = workload.example(split, i)
+        ex = make(split, i)
         if include_prompts:
             yield ex.prompt
         yield ex.target
