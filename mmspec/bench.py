@@ -44,6 +44,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from .budget import DepthBudget
 from .errors import InvalidInputError
 from .stats import SpecStats
 
@@ -51,6 +52,7 @@ __all__ = ["BenchConfig", "BenchReport", "System", "run_bench", "default_model_p
            "check_outputs", "count_forwards", "BUILTIN_SYSTEMS", "DEFAULT_WORKLOADS", "HF_BATCH1_ONLY"]
 
 BUILTIN_SYSTEMS = ("ar", "hf-prompt-lookup", "hf-assistant")
+BUDGET_SUFFIX = "+budget"  # "lookup+budget": the same drafter with a DepthBudget learned over the run
 """Systems that are not mmspec drafters; every other system name is a drafter spec for the registry."""
 
 DEFAULT_WORKLOADS = ("docs", "charts")
@@ -173,12 +175,15 @@ def _resolve_systems(names, draft_model) -> list[str]:
     for name in names:
         if name in out:
             continue
-        if name not in BUILTIN_SYSTEMS and name.partition(":")[0] not in kinds:
+        base = name.removesuffix(BUDGET_SUFFIX)
+        if base != name and base in BUILTIN_SYSTEMS:
+            raise InvalidInputError(f"{BUDGET_SUFFIX!r} applies to mmspec drafters, not to {base!r}")
+        if base not in BUILTIN_SYSTEMS and base.partition(":")[0] not in kinds:
             raise InvalidInputError(
                 f"unknown system {name!r}; systems: {', '.join(BUILTIN_SYSTEMS)}, or an mmspec drafter "
-                f"({', '.join(kinds)}, optionally 'kind:PATH')"
+                f"({', '.join(kinds)}, optionally 'kind:PATH', and '{BUDGET_SUFFIX}' for a cost-aware depth budget)"
             )
-        if name in ("hf-assistant", "draft-model") and not draft_model:
+        if base in ("hf-assistant", "draft-model") and not draft_model:
             raise InvalidInputError(
                 f"system {name!r} needs a small model with the target's tokenizer: --draft-model PATH"
             )
@@ -276,14 +281,16 @@ class MMSpecSystem(System):
 
     kind = "mmspec"
 
-    def __init__(self, name, model, max_new_tokens, drafter):
+    def __init__(self, name, model, max_new_tokens, drafter, budget=None):
         super().__init__(name, model, max_new_tokens)
         self.drafter = drafter
+        self.budget = budget
 
     def _generate(self, inputs):
         from .decode import generate
 
-        out = generate(self.model, inputs, drafter=self.drafter, do_sample=False, max_new_tokens=self.max_new_tokens)
+        out = generate(self.model, inputs, drafter=self.drafter, do_sample=False, max_new_tokens=self.max_new_tokens,
+                       budget=self.budget)
         return out.sequences, out.stats
 
 
@@ -306,13 +313,16 @@ def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int
             systems.append(HFAssistedSystem(name, model, max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name == "hf-assistant":
             systems.append(HFAssistedSystem(name, model, max_new_tokens, assistant_model=small.model))
-        elif name == "draft-model":
-            systems.append(MMSpecSystem(name, model, max_new_tokens, small))
-        elif name == "lookup":
-            drafter = make_drafter({"kind": "lookup", "num_draft_tokens": cfg.lookup_tokens}, model)
-            systems.append(MMSpecSystem(name, model, max_new_tokens, drafter))
         else:
-            systems.append(MMSpecSystem(name, model, max_new_tokens, make_drafter(name, model)))
+            base = name.removesuffix(BUDGET_SUFFIX)
+            if base == "draft-model":
+                drafter = small
+            elif base == "lookup":
+                drafter = make_drafter({"kind": "lookup", "num_draft_tokens": cfg.lookup_tokens}, model)
+            else:
+                drafter = make_drafter(base, model)
+            budget = DepthBudget() if base != name else None
+            systems.append(MMSpecSystem(name, model, max_new_tokens, drafter, budget))
     return systems
 
 

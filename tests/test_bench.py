@@ -189,3 +189,11 @@ def test_parse_csv():
     assert parse_csv(" a, b ,,c") == ["a", "b", "c"] and parse_csv(None) is None
     with pytest.raises(mmspec.InvalidInputError):
         parse_csv("1,two", int, "batch size")
+
+
+def test_budget_suffix_systems():
+    from mmspec.bench import _resolve_systems
+
+    assert _resolve_systems(["lookup+budget"], None) == ["ar", "lookup+budget"]
+    with pytest.raises(mmspec.InvalidInputError, match="mmspec drafters"):
+        _resolve_systems(["hf-prompt-lookup+budget"], None)
