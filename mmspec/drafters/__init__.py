@@ -8,9 +8,15 @@ Example:
 
 from .base import DraftContext, Drafter, RoundResult
 from .draft_model import DraftModelDrafter
+from .eagle import EagleDrafter, train_eagle
 from .lookup import PromptLookupDrafter
 from .oracle import NoisyOracleDrafter
 from .saving import TrainableDrafter, target_fingerprint
 
+from ..registry import register_drafter as _register_drafter  # noqa: E402
+from .eagle import _eagle_factory  # noqa: E402
+
+_register_drafter("eagle", _eagle_factory)
+
 __all__ = ["Drafter", "DraftContext", "RoundResult", "PromptLookupDrafter", "DraftModelDrafter", "NoisyOracleDrafter",
-           "TrainableDrafter", "target_fingerprint"]
+           "TrainableDrafter", "target_fingerprint", "EagleDrafter", "train_eagle"]

@@ -1,0 +1,434 @@
+"""EAGLE-3-style feature drafter: one small decoder layer over the target's own fused hidden states.
+
+The head reads the target's hidden states at three layers (low / mid / high, ``layer_ids``), concatenates
+them and projects them to one *fused feature* per position (``Linear(3H -> H)``). Its input at sequence
+position ``i`` is ``Linear(2H -> H)([embed(x_i), feature_{i-1}])``: the token at ``i`` with the target's
+feature of the position before (the feature that *produced* ``x_i``); one Llama-style causal block (RMSNorm,
+RoPE attention over its own 1-D positions, SwiGLU MLP) and the target's LM head then predict ``x_{i+1}``.
+Position 0 has no previous feature and gets a zero feature, in training and at run time alike.
+
+Drafting a chain of ``num_draft_tokens``: step 1 feeds the pending token with the feature of the last
+committed position; step ``k > 1`` feeds draft ``k - 1`` with the head's *own* output hidden state of the
+previous step in place of the (not yet computed) target feature: EAGLE's trick, which training reproduces
+with the training-time-test unroll (:func:`train_eagle`). The head never sees pixels: an image reaches it
+through the target's fused states at the image positions, so the same head serves text and VLM targets.
+
+The input embedding and the LM head are copies of the target's (frozen), so a saved head is
+self-contained; the fingerprint check guarantees it is only loaded against the same target.
+
+Run-time state, per original batch row: the fused features of the committed sequence (all but the pending
+token), keeping the last ``window`` of them. After prefill they are the prompt positions of ``ctx.hidden``;
+after a round, the root and the accepted nodes of that verify pass, which arrive in the *next*
+``ctx.hidden`` (index 0 is the root, node ``i`` is index ``1 + i``), so :meth:`EagleDrafter.observe` only
+records the accepted paths and :meth:`EagleDrafter.propose` ingests them.
+
+Correctness over speed: every draft step recomputes the head over a sliding window of the last ``window``
+committed positions plus the drafts so far, with no KV cache. It is one small layer, so this costs little
+next to a target pass, but a cached version is the obvious next step for long windows.
+
+Example:
+    >>> drafter = EagleDrafter.from_target(model)                                  # doctest: +SKIP
+    >>> train_eagle(model, None, prompts, steps=300, drafter=drafter)              # doctest: +SKIP
+    >>> mmspec.generate(model, inputs, drafter=drafter, max_new_tokens=64)         # doctest: +SKIP
+    >>> drafter.save_pretrained("eagle-head")                                      # doctest: +SKIP
+    >>> make_drafter("eagle:eagle-head", model)                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import InvalidInputError
+from ..tree import DraftTree
+from .base import DraftContext, RoundResult
+from .saving import TrainableDrafter, target_fingerprint
+
+__all__ = ["EagleDrafter", "train_eagle", "default_layer_ids"]
+
+
+def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """Low / mid / high indices into the text model's ``hidden_states`` tuple (0 is the embeddings).
+
+    Example:
+        >>> default_layer_ids(32), default_layer_ids(3), default_layer_ids(2)
+        ((2, 16, 31), (1, 2, 2), (1, 1, 1))
+    """
+    L = int(num_layers)
+    low, mid, high = max(1, min(2, L - 1)), max(1, L // 2), max(1, L - 1)
+    return tuple(sorted((low, mid, high)))
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def _rope(x, pos, theta: float):
+    """Rotate-half RoPE on ``x[B, h, T, d]`` at integer positions ``pos[B, T]``."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = pos.float()[:, None, :, None] * inv  # [B, 1, T, d/2]
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class _Block(nn.Module):
+    """One Llama-style pre-norm decoder layer with an explicit boolean mask ``allowed[B, T, T]``."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, theta: float):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
+        self.heads, self.theta = heads, theta
+        self.input_layernorm = _RMSNorm(hidden, eps)
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = nn.Linear(hidden, hidden, bias=False)
+        self.v_proj = nn.Linear(hidden, hidden, bias=False)
+        self.o_proj = nn.Linear(hidden, hidden, bias=False)
+        self.post_attention_layernorm = _RMSNorm(hidden, eps)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x, pos, allowed):
+        B, T, H = x.shape
+        h = self.input_layernorm(x)
+        split = lambda t: t.view(B, T, self.heads, H // self.heads).transpose(1, 2)  # noqa: E731
+        q = _rope(split(self.q_proj(h)), pos, self.theta)
+        k = _rope(split(self.k_proj(h)), pos, self.theta)
+        v = split(self.v_proj(h))
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+        x = x + self.o_proj(att.transpose(1, 2).reshape(B, T, H))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class EagleDrafter(TrainableDrafter):
+    """EAGLE-3-style head (see the module docstring). Build one for a target with :meth:`from_target`.
+
+    Args:
+        hidden_size, vocab_size: the target's text hidden size and output vocabulary.
+        layer_ids: three indices into the target's ``hidden_states`` tuple (low, mid, high).
+        num_draft_tokens: chain depth per round.
+        window: committed positions the head recomputes over each step (its context).
+        num_heads, intermediate_size, rms_eps, rope_theta: the decoder layer's shape.
+        fingerprint: the target's fingerprint (set by :meth:`from_target` / ``from_pretrained``).
+    """
+
+    kind = "eagle"
+
+    def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1, 1, 1), num_draft_tokens: int = 4,
+                 window: int = 64, num_heads: int | None = None, intermediate_size: int | None = None,
+                 rms_eps: float = 1e-6, rope_theta: float = 10000.0, fingerprint: dict | None = None):
+        super().__init__(fingerprint=fingerprint)
+        if num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1 (got {num_draft_tokens})")
+        if window < 1:
+            raise ValueError(f"window must be >= 1 (got {window})")
+        if len(layer_ids) != 3:
+            raise ValueError(f"layer_ids must name three target layers (got {layer_ids!r})")
+        H = int(hidden_size)
+        if num_heads is None:
+            num_heads = next(h for h in (8, 4, 2, 1) if H % h == 0 and H // h >= 8 or h == 1)
+        self.hidden_size, self.vocab_size = H, int(vocab_size)
+        self.layer_ids = tuple(int(i) for i in layer_ids)
+        self.num_draft_tokens, self.window = int(num_draft_tokens), int(window)
+        self.num_heads = int(num_heads)
+        self.intermediate_size = int(intermediate_size or 2 * H)
+        self.rms_eps, self.rope_theta = float(rms_eps), float(rope_theta)
+        self.embed_tokens = nn.Embedding(self.vocab_size, H)
+        self.lm_head = nn.Linear(H, self.vocab_size, bias=False)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+        self.fuse = nn.Linear(3 * H, H, bias=False)
+        self.fuse_norm = _RMSNorm(3 * H, self.rms_eps)
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layer = _Block(H, self.num_heads, self.intermediate_size, self.rms_eps, self.rope_theta)
+        self.norm = _RMSNorm(H, self.rms_eps)
+        self._reset_run()
+
+    # ------------------------------------------------------------------ construction / saving
+    @property
+    def hidden_layers(self) -> tuple:
+        return tuple(dict.fromkeys(self.layer_ids))
+
+    def config_dict(self) -> dict:
+        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "layer_ids": list(self.layer_ids),
+                "num_draft_tokens": self.num_draft_tokens, "window": self.window, "num_heads": self.num_heads,
+                "intermediate_size": self.intermediate_size, "rms_eps": self.rms_eps, "rope_theta": self.rope_theta}
+
+    @classmethod
+    def from_target(cls, target, tokenizer=None, layer_ids=None, seed: int | None = None, **kw) -> "EagleDrafter":
+        """A fresh (randomly initialised) head for ``target``, with its embeddings and LM head copied in.
+
+        Example:
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> t = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+            ...                      num_hidden_layers=2, num_attention_heads=2))
+            >>> d = EagleDrafter.from_target(t)
+            >>> d.hidden_layers, d.fingerprint["hidden_size"]
+            ((1,), 16)
+        """
+        text = target.config.get_text_config(decoder=True)
+        layer_ids = tuple(layer_ids) if layer_ids is not None else default_layer_ids(text.num_hidden_layers)
+        n = int(text.num_hidden_layers)
+        if any(not 0 <= i <= n for i in layer_ids):
+            raise InvalidInputError(f"layer_ids {layer_ids} out of range for a target with {n} layers (0..{n})")
+        emb = target.get_input_embeddings().weight
+        head = target.get_output_embeddings().weight
+        kw.setdefault("rms_eps", float(getattr(text, "rms_norm_eps", 1e-6)))
+        if seed is not None:
+            torch.manual_seed(seed)
+        drafter = cls(hidden_size=int(text.hidden_size), vocab_size=int(head.shape[0]), layer_ids=layer_ids,
+                      fingerprint=target_fingerprint(target, tokenizer, layer_ids), **kw)
+        with torch.no_grad():
+            e = torch.zeros(drafter.vocab_size, drafter.hidden_size)
+            rows = min(emb.shape[0], drafter.vocab_size)
+            e[:rows] = emb[:rows].detach().float().cpu()
+            drafter.embed_tokens.weight.copy_(e)
+            drafter.lm_head.weight.copy_(head.detach().float().cpu())
+        dev = target.device if target.device.type != "meta" else torch.device("cpu")
+        return drafter.to(dev).eval()
+
+    # ------------------------------------------------------------------ the head
+    def fuse_features(self, per_layer: list) -> torch.Tensor:
+        """``[..., H]`` fused feature from the three layers' ``[..., H]`` target hidden states."""
+        x = torch.cat([h.to(self.fuse.weight.dtype) for h in per_layer], dim=-1)
+        return self.fuse(self.fuse_norm(x))
+
+    def forward(self, tokens, features, positions, allowed):
+        """Head pass: ``tokens[B, T]``, ``features[B, T, H]`` (feature of the previous position),
+        ``positions[B, T]``, ``allowed[B, T, T]`` -> ``(logits[B, T, V], hidden[B, T, H])``."""
+        x = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))
+        h = self.layer(x, positions, allowed)
+        return self.lm_head(self.norm(h)).float(), h
+
+    # ------------------------------------------------------------------ run-time state
+    def _reset_run(self):
+        self._feats = {}   # row -> fused features of the last `window` committed positions [n, H]
+        self._nfeat = {}   # row -> how many committed positions have features (len(sequence) - 1)
+        self._paths = None  # row -> accepted path of the last verify pass, ingested at the next propose
+        self._drafted = None
+
+    def _append(self, row: int, feats: torch.Tensor) -> None:
+        old = self._feats.get(row)
+        cat = feats if old is None else torch.cat([old, feats], dim=0)
+        self._feats[row] = cat[-self.window :]
+        self._nfeat[row] = self._nfeat.get(row, 0) + feats.shape[0]
+
+    def _ctx_layers(self, ctx: DraftContext) -> list:
+        missing = [i for i in self.layer_ids if i not in ctx.hidden]
+        if missing:
+            raise InvalidInputError(f"the eagle drafter needs target hidden states of layers {missing}; "
+                                    "run it through mmspec.generate (which requests its hidden_layers)")
+        return [ctx.hidden[i] for i in self.layer_ids]
+
+    @torch.no_grad()
+    def begin(self, ctx: DraftContext) -> None:
+        self._reset_run()
+        fused = self.fuse_features(self._ctx_layers(ctx))  # [B, P_padded, H], prompts right-aligned
+        for b, (r, plen) in enumerate(zip(ctx.rows, ctx.prompt_lengths)):
+            self._append(r, fused[b, fused.shape[1] - plen :])
+
+    @torch.no_grad()
+    def _ingest(self, ctx: DraftContext) -> None:
+        if self._paths is None:
+            return
+        fused = self.fuse_features(self._ctx_layers(ctx))  # [B, 1 + nodes, H]: root, then tree nodes
+        for b, r in enumerate(ctx.rows):
+            idx = torch.tensor([0] + [1 + int(i) for i in self._paths[r]], device=fused.device)
+            self._append(r, fused[b, idx])
+        self._paths = None
+        for r in [r for r in self._feats if r not in set(ctx.rows)]:  # rows that left the batch
+            del self._feats[r], self._nfeat[r]
+
+    def _pick(self, logits: torch.Tensor, ctx: DraftContext):
+        if not ctx.do_sample:
+            return logits.argmax(-1), None
+        probs = torch.softmax(logits, dim=-1)
+        gen = ctx.generator
+        dev = gen.device if gen is not None else probs.device
+        tok = torch.multinomial(probs.to(dev), 1, generator=gen).squeeze(-1).to(logits.device)
+        return tok, probs
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> list[DraftTree]:
+        self._ingest(ctx)
+        dev = self.fuse.weight.device
+        dtype = self.fuse.weight.dtype
+        B, H = len(ctx.rows), self.hidden_size
+        # Window per row: tokens x_{n-m+1..n} (n = pending) with features f_{n-m..n-1} (zero before position 0).
+        toks, feats, poss = [], [], []
+        for r, seq in zip(ctx.rows, ctx.sequences):
+            n = len(seq) - 1
+            if self._nfeat.get(r) != n:
+                raise RuntimeError(f"eagle drafter lost track of row {r}: {self._nfeat.get(r)} features for "
+                                   f"{n} committed positions")
+            m = min(self.window, n + 1)
+            f = self._feats[r][-m:] if m <= n else torch.cat([torch.zeros(1, H, device=dev, dtype=dtype),
+                                                               self._feats[r]], 0)
+            toks.append(torch.as_tensor(seq[n + 1 - m :].copy(), device=dev))
+            feats.append(f)
+            poss.append(torch.arange(n + 1 - m, n + 1, device=dev))
+        depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
+        T = max(len(t) for t in toks)
+        tok_b = torch.zeros(B, T + depth - 1, dtype=torch.long, device=dev)
+        feat_b = torch.zeros(B, T + depth - 1, H, dtype=dtype, device=dev)
+        pos_b = torch.zeros(B, T + depth - 1, dtype=torch.long, device=dev)
+        valid = torch.zeros(B, T + depth - 1, dtype=torch.bool, device=dev)
+        for b in range(B):  # left-pad the windows; drafts go to the right
+            k = len(toks[b])
+            tok_b[b, T - k : T], feat_b[b, T - k : T], pos_b[b, T - k : T] = toks[b], feats[b], poss[b]
+            valid[b, T - k :] = True
+            pos_b[b, T:] = poss[b][-1] + torch.arange(1, depth, device=dev)
+        drafted, qs = [], []
+        for step in range(depth):
+            L = T + step
+            causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+            allowed = (causal[None] & valid[:, None, :L]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
+            logits, hid = self(tok_b[:, :L], feat_b[:, :L], pos_b[:, :L], allowed)
+            tok, probs = self._pick(logits[:, -1], ctx)
+            drafted.append(tok)
+            qs.append(probs)
+            if step + 1 < depth:  # next step: the draft with the head's own output as its feature
+                tok_b[:, L], feat_b[:, L] = tok, hid[:, -1]
+        toks_out = torch.stack(drafted, dim=1).tolist()
+        q = None if qs[0] is None else torch.stack(qs, dim=1)
+        self._drafted = toks_out
+        return [DraftTree.from_chain(toks_out[i], None if q is None else q[i]) for i in range(B)]
+
+    def observe(self, ctx: DraftContext, result: RoundResult) -> None:
+        self._paths = {r: list(p) for r, p in zip(ctx.rows, result.paths)}
+
+
+# ---------------------------------------------------------------------- training
+def _text_model_inputs(target, ids: torch.Tensor):
+    return {"input_ids": ids[None].to(target.device), "attention_mask": torch.ones(1, len(ids), dtype=torch.long,
+                                                                                  device=target.device)}
+
+
+@torch.no_grad()
+def collect_eagle_data(target, sequences, layer_ids, max_new_tokens: int = 32) -> list[dict]:
+    """Regenerate each prompt's response with the target (greedy), then run the target once over
+    prompt + response: per sequence the tokens, the three layers' hidden states and the target's argmax
+    next token at every position (the label the head learns; it equals the response token there)."""
+    data = []
+    for prompt in sequences:
+        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        full = target.generate(**_text_model_inputs(target, ids), max_new_tokens=max_new_tokens, do_sample=False)[0]
+        out = target(**_text_model_inputs(target, full.cpu()), output_hidden_states=True, return_dict=True)
+        data.append({"tokens": full.cpu(), "layers": [out.hidden_states[i][0].float().cpu() for i in layer_ids],
+                     "labels": out.logits[0].argmax(-1).cpu()})
+    return data
+
+
+def _eagle_loss(drafter: EagleDrafter, batch: list[dict], ttt: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of step 1 (target features) and, with ``ttt``, step 2 (the head's own features)."""
+    dev, dtype = drafter.fuse.weight.device, drafter.fuse.weight.dtype
+    B, T, H = len(batch), max(len(d["tokens"]) for d in batch), drafter.hidden_size
+    tok = torch.zeros(B, T, dtype=torch.long, device=dev)
+    lab = torch.full((B, T), -100, dtype=torch.long, device=dev)
+    layers = [torch.zeros(B, T, H, device=dev) for _ in range(3)]
+    valid = torch.zeros(B, T, dtype=torch.bool, device=dev)
+    for b, d in enumerate(batch):
+        n = len(d["tokens"])
+        tok[b, :n], lab[b, :n], valid[b, :n] = d["tokens"], d["labels"], True
+        for j in range(3):
+            layers[j][b, :n] = d["layers"][j]
+    fused = drafter.fuse_features(layers)
+    feat = torch.cat([torch.zeros(B, 1, H, device=dev, dtype=dtype), fused[:, :-1]], dim=1)  # f_{i-1}
+    pos = torch.arange(T, device=dev)[None].expand(B, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+    allowed = (causal[None] & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=dev)[None]
+    logits, hid = drafter(tok, feat, pos, allowed)
+    loss1 = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-100)
+    if not ttt:
+        return loss1, loss1.detach() * 0
+    # Training-time test: step-2 position j feeds x_j with the head's own hidden h_{j-1}; it attends to the
+    # step-1 positions < j (target features, as at run time) and to itself.
+    feat2 = torch.cat([torch.zeros(B, 1, H, device=dev, dtype=dtype), hid[:, :-1]], dim=1)
+    strict = torch.ones(T, T, dtype=torch.bool, device=dev).tril(-1)
+    eye = torch.eye(T, dtype=torch.bool, device=dev)
+    top = torch.cat([allowed, torch.zeros(B, T, T, dtype=torch.bool, device=dev)], dim=2)
+    bottom = torch.cat([strict[None] & valid[:, None, :], eye[None].expand(B, T, T)], dim=2)
+    logits2, _ = drafter(torch.cat([tok, tok], 1), torch.cat([feat, feat2], 1), torch.cat([pos, pos], 1),
+                         torch.cat([top, bottom], dim=1))
+    lab2 = lab.clone()
+    lab2[:, 0] = -100  # position 0 has no previous step
+    loss2 = F.cross_entropy(logits2[:, T:].reshape(-1, logits2.shape[-1]), lab2.reshape(-1), ignore_index=-100)
+    return loss1, loss2
+
+
+def train_eagle(target, tokenizer=None, sequences=(), steps: int = 300, *, drafter: EagleDrafter | None = None,
+                max_new_tokens: int = 32, batch_size: int = 8, lr: float = 3e-3, weight_decay: float = 0.0,
+                ttt: bool = True, seed: int = 0, data: list | None = None, log=None, **drafter_kw) -> EagleDrafter:
+    """Train an EAGLE head on ``target``'s own greedy responses to ``sequences`` (1-D prompt token ids).
+
+    Loss: cross-entropy of the target's next token from (token, previous fused feature) plus, with ``ttt``,
+    the training-time-test step where the head's own output hidden state replaces the target feature.
+    AdamW with cosine decay; the embeddings and LM head stay frozen. Returns the head in eval mode.
+    ``data`` reuses :func:`collect_eagle_data` output (the layer ids must match the drafter's).
+
+    Text prompts only for now (VLM training data, with pixels, is not wired yet).
+    """
+    if drafter is None:
+        drafter = EagleDrafter.from_target(target, tokenizer, seed=seed, **drafter_kw)
+    if data is None:
+        if not len(sequences):
+            raise InvalidInputError("train_eagle needs prompts (a list of 1-D token id tensors)")
+        data = collect_eagle_data(target, sequences, drafter.layer_ids, max_new_tokens)
+    rng = random.Random(seed)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(1, steps))))
+    drafter.train()
+    for step in range(steps):
+        batch = rng.sample(data, min(batch_size, len(data)))
+        loss1, loss2 = _eagle_loss(drafter, batch, ttt)
+        loss = loss1 + loss2
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if log is not None and (step % 50 == 0 or step == steps - 1):
+            log(f"step {step}: loss1 {loss1.item():.3f} loss2 {loss2.item():.3f}")
+    return drafter.eval()
+
+
+def _eagle_factory(target_model, path=None, tokenizer=None, **options):
+    """``"eagle:PATH"`` loads a saved head (checked against the target); ``"eagle"`` alone builds an
+    untrained one for the target (useful only for tests). ``num_draft_tokens`` / ``window`` override."""
+    run_opts = {k: options.pop(k) for k in ("num_draft_tokens", "window") if k in options}
+    if path:
+        device = None
+        if target_model is not None and target_model.device.type != "meta":
+            device = target_model.device
+        drafter = EagleDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer, device=device)
+        if options:
+            raise InvalidInputError(f"unknown options for a saved eagle drafter: {sorted(options)}")
+    else:
+        if target_model is None:
+            raise InvalidInputError("the eagle drafter needs a path ('eagle:PATH') or a target to build one for")
+        try:
+            drafter = EagleDrafter.from_target(target_model, tokenizer, **options)
+        except (TypeError, ValueError) as e:
+            raise InvalidInputError(f"bad eagle drafter options {options!r}: {e}") from e
+    for k, v in run_opts.items():
+        if int(v) < 1:
+            raise InvalidInputError(f"{k} must be >= 1 (got {v})")
+        setattr(drafter, k, int(v))
+    return drafter

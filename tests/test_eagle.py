@@ -1,0 +1,161 @@
+"""EAGLE-3-style feature drafter: losslessness (text and Qwen2-VL), that training raises τ, saving/loading."""
+
+import pytest
+import torch
+
+import mmspec
+from mmspec.drafters import EagleDrafter
+from mmspec.drafters.eagle import collect_eagle_data, train_eagle
+from mmspec.errors import DrafterMismatchError
+from mmspec.registry import make_drafter
+
+import _tiny_qwen_vl as T
+import _tiny_text
+
+NEW = 24
+
+
+def _perm_target():
+    """A tiny Llama whose greedy continuation mostly follows a fixed permutation of the vocabulary
+    (its LM head is its embedding table permuted, scaled so the residual path dominates): predictable
+    enough that a few seconds of training make a good drafter, still a real Llama with real layers."""
+    m = _tiny_text.model(200, hidden=48, layers=2)
+    with torch.no_grad():
+        perm = torch.randperm(197, generator=torch.Generator().manual_seed(3)) + 3
+        inv = torch.arange(200)
+        inv[perm] = torch.arange(3, 200)
+        m.model.embed_tokens.weight.mul_(3.0)
+        m.lm_head.weight.copy_(m.model.embed_tokens.weight[inv])
+    return m
+
+
+def _prompts(n, seed, lo=6, hi=14):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 200, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g) for _ in range(n)]
+
+
+def _left_pad(rows):
+    L = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), L, dtype=torch.long)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, L - len(r):], mask[i, L - len(r):] = r, 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def perm():
+    """(target, random drafter, trained drafter, held-out inputs)."""
+    torch.manual_seed(0)
+    target = _perm_target()
+    train = _prompts(50, seed=1)
+    rand = EagleDrafter.from_target(target, seed=0)
+    data = collect_eagle_data(target, train, rand.layer_ids, max_new_tokens=32)
+    trained = train_eagle(target, None, steps=120, data=data, seed=0, lr=1e-2)
+    held = _left_pad(_prompts(10, seed=7))
+    return target, rand, trained, held
+
+
+def _tau(target, drafter, inputs):
+    out = mmspec.generate(target, inputs, drafter=drafter, max_new_tokens=32)
+    ref = target.generate(**inputs, max_new_tokens=32, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+    return out.stats.tau
+
+
+# --------------------------------------------------------------------------- losslessness
+def _eos_mid(model, inputs, row=1, at=5):
+    plen = inputs["input_ids"].shape[1]
+    free = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    return int(free[row, plen + at])
+
+
+@pytest.mark.parametrize("which", ["random", "trained"])
+def test_greedy_equals_generate_text(perm, which):
+    """Batch 1, and batch 3 left-padded with an eos that ends one row early (pad filling after it)."""
+    target, rand, trained, _ = perm
+    drafter = rand if which == "random" else trained
+    one = _left_pad(_prompts(1, seed=11))
+    ref = target.generate(**one, max_new_tokens=NEW, do_sample=False)
+    out = mmspec.generate(target, one, drafter=drafter, max_new_tokens=NEW)
+    assert torch.equal(out.sequences, ref)
+    three = _left_pad(_prompts(3, seed=12, lo=4, hi=12))
+    eos = _eos_mid(target, three)
+    ref = target.generate(**three, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
+    plen = three["input_ids"].shape[1]
+    ends = [int((r[plen:] == eos).nonzero()[0]) + 1 if (r[plen:] == eos).any() else NEW for r in ref]
+    assert len(set(ends)) > 1, ends
+    out = mmspec.generate(target, three, drafter=drafter, max_new_tokens=NEW, eos_token_id=eos)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.lossless
+
+
+def test_greedy_equals_generate_random_target():
+    """A plain random tiny Llama (no structure): the random head accepts little, the output is still exact."""
+    target = _tiny_text.model(200, hidden=48, layers=3, seed=4)
+    drafter = EagleDrafter.from_target(target, seed=1, num_draft_tokens=3, window=8)
+    assert drafter.hidden_layers == (1, 2)
+    inputs = _left_pad(_prompts(3, seed=5))
+    ref = target.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    assert torch.equal(mmspec.generate(target, inputs, drafter=drafter, max_new_tokens=NEW).sequences, ref)
+
+
+def test_greedy_equals_generate_qwen2_vl():
+    model = T.build("qwen2_vl")
+    drafter = EagleDrafter.from_target(model, seed=0)
+    inputs = T.make_inputs("qwen2_vl", [{"pre": 3, "images": [(56, 56)], "post": 5},
+                                        {"pre": 2, "images": [(28, 56), (56, 28)], "post": 3}])
+    ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    out = mmspec.generate(model, inputs, drafter=drafter, max_new_tokens=NEW)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_sampling_attaches_draft_probs(perm):
+    """When the target samples, the chain is sampled from the head's softmax and q is attached."""
+    target, _, trained, held = perm
+    seen = []
+    orig = trained.propose
+
+    def spy(ctx):
+        trees = orig(ctx)
+        seen.extend(t.draft_probs for t in trees)
+        return trees
+
+    trained.propose = spy
+    try:
+        out = mmspec.generate(target, held, drafter=trained, max_new_tokens=16, do_sample=True, seed=0)
+    finally:
+        del trained.propose
+    assert out.stats.lossless and out.sequences.shape[1] == held["input_ids"].shape[1] + 16
+    assert seen and all(q is not None and q.shape[-1] == 200 for q in seen)
+    assert torch.allclose(seen[0].sum(-1), torch.ones(seen[0].shape[0]), atol=1e-4)
+
+
+# --------------------------------------------------------------------------- it learns
+def test_training_raises_tau(perm):
+    target, rand, trained, held = perm
+    tau_rand = _tau(target, rand, held)
+    tau_trained = _tau(target, trained, held)
+    print(f"tau random {tau_rand:.3f} trained {tau_trained:.3f}")
+    assert tau_trained > 2.0 and tau_trained > tau_rand + 1.0, (tau_rand, tau_trained)
+
+
+# --------------------------------------------------------------------------- saving
+def test_save_load_round_trip_and_registry(perm, tmp_path):
+    target, _, trained, held = perm
+    trained.save_pretrained(tmp_path / "head")
+    loaded = EagleDrafter.from_pretrained(tmp_path / "head", target=target)
+    assert loaded.config_dict() == trained.config_dict()
+    assert loaded.fingerprint == trained.fingerprint and loaded.fingerprint["layer_ids"] == list(trained.layer_ids)
+    for (k, a), (_, b) in zip(sorted(trained.state_dict().items()), sorted(loaded.state_dict().items())):
+        assert torch.equal(a, b), k
+    made = make_drafter(f"eagle:{tmp_path / 'head'}", target, num_draft_tokens=3)
+    assert isinstance(made, EagleDrafter) and made.num_draft_tokens == 3
+    a = mmspec.generate(target, held, drafter=trained, max_new_tokens=16)
+    b = mmspec.generate(target, held, drafter=loaded, max_new_tokens=16)
+    assert torch.equal(a.sequences, b.sequences) and a.stats.tau == b.stats.tau
+    other = _tiny_text.model(200, hidden=32, layers=2)
+    with pytest.raises(DrafterMismatchError):
+        make_drafter(f"eagle:{tmp_path / 'head'}", other)
+    with pytest.raises(DrafterMismatchError):
+        mmspec.generate(other, held, drafter=loaded, max_new_tokens=4)
