@@ -1,4 +1,4 @@
-"""The ``mmspec`` command line: ``mmspec generate``, ``mmspec demo`` and ``mmspec bench``.
+"""The ``mmspec`` command line: ``mmspec generate``, ``mmspec demo``, ``mmspec bench`` and ``mmspec train``.
 
 Why: trying a drafter on a checkpoint should not need a script. Errors a user can cause (a missing
 image, a prompt past the context window, an unsupported model, a drafter for another target) print
@@ -78,6 +78,36 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, metavar="PATH", help="write {results, meta} as JSON")
     b.add_argument("--png", default=None, metavar="PATH", help="write histogram and speedup charts")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    t = sub.add_parser("train", help="train a drafter on the target's own responses and hidden states",
+                       description="Stage 1 regenerates responses with the target and writes its hidden states as "
+                                   "safetensors shards (OUT/data, resumable); stage 2 trains the drafter with "
+                                   "accelerate (use `accelerate launch` / `torchrun` for several processes). Writes "
+                                   "OUT/train_log.jsonl, checkpoints and the drafter (save_pretrained) into OUT.")
+    t.add_argument("--kind", default="eagle", help="drafter kind to train (default eagle)")
+    t.add_argument("--target", required=True, help="target checkpoint folder")
+    t.add_argument("--workload", default="docs,charts", help="comma-separated workloads (default docs,charts)")
+    t.add_argument("--n-train", type=int, default=64, help="training items, round-robin over workloads")
+    t.add_argument("--max-new-tokens", type=int, default=64, help="response length regenerated per item")
+    t.add_argument("--layer-ids", default=None, help="comma-separated target layer ids (default: the kind's)")
+    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--batch-size", type=int, default=8, help="global batch size (over all processes)")
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--warmup", type=int, default=20)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--no-ttt", action="store_true", help="no training-time test (one unroll step)")
+    t.add_argument("--ttt-steps", type=int, default=2, help="training-time-test unroll depth (default 2)")
+    t.add_argument("--num-draft-tokens", type=int, default=4, help="chain depth saved with the drafter")
+    t.add_argument("--out", required=True, help="output folder")
+    t.add_argument("--save-every", type=int, default=100, help="checkpoint period in steps (0: final only)")
+    t.add_argument("--shard-size", type=int, default=16, help="records per data shard")
+    t.add_argument("--split", default="train")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    t.add_argument("--stage", choices=("all", "data", "fit"), default="all",
+                   help="data: stage 1 only; fit: stage 2 only (on existing shards); all: both (default)")
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 
@@ -130,6 +160,21 @@ def _bench(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    from .bench import parse_csv
+    from .train import TrainConfig, collect_data, fit, train
+
+    layer_ids = None if args.layer_ids is None else tuple(parse_csv(args.layer_ids, int, "layer id"))
+    cfg = TrainConfig(kind=args.kind, target=args.target, out=args.out, workloads=tuple(parse_csv(args.workload)),
+                      n_train=args.n_train, max_new_tokens=args.max_new_tokens, layer_ids=layer_ids, steps=args.steps,
+                      batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
+                      ttt=not args.no_ttt, ttt_steps=args.ttt_steps, save_every=args.save_every,
+                      shard_size=args.shard_size, num_draft_tokens=args.num_draft_tokens, resume=args.resume,
+                      seed=args.seed, split=args.split, threads=args.threads, progress=not args.no_progress)
+    {"all": train, "data": collect_data, "fit": fit}[args.stage](cfg)
+    return 0
+
+
 def _quiet_transformers() -> None:
     # Weight-loading progress bars and advisory warnings are noise on a command line.
     try:
@@ -160,6 +205,8 @@ def main(argv=None) -> int:
             return _generate(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "train":
+            return _train(args)
         return _demo(args)
     except MMSpecError as e:
         msg = " ".join(str(e).split())

@@ -48,7 +48,8 @@ from ..tree import DraftTree
 from .base import DraftContext, RoundResult
 from .saving import TrainableDrafter, target_fingerprint
 
-__all__ = ["EagleDrafter", "train_eagle", "default_layer_ids"]
+__all__ = ["EagleDrafter", "train_eagle", "default_layer_ids", "collect_eagle_data", "target_record",
+           "collate_eagle", "eagle_unroll_loss", "EagleLoss", "warmup_cosine"]
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -319,93 +320,191 @@ def _text_model_inputs(target, ids: torch.Tensor):
                                                                                   device=target.device)}
 
 
+def _extend_inputs(inputs: dict, full: torch.Tensor, device) -> dict:
+    """The processor outputs of one prompt (batch 1) re-targeted at ``full`` = prompt + response: per-token
+    tensors (``attention_mask``, ``mm_token_type_ids``, ...) are extended (ones for the mask, zeros otherwise);
+    image tensors (``pixel_values``, ``image_grid_thw``) are kept, so the forward sees the same pixels."""
+    P = inputs["input_ids"].shape[-1]
+    extra = full.shape[-1] - P
+    out = {}
+    for k, v in inputs.items():
+        if not torch.is_tensor(v):
+            out[k] = v
+        elif k == "input_ids":
+            out[k] = full[None].to(device)
+        elif v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == P:  # a per-token row
+            fill = torch.ones if k == "attention_mask" else torch.zeros
+            out[k] = torch.cat([v, fill(1, extra, dtype=v.dtype)], dim=1).to(device)
+        else:
+            out[k] = v.to(device)
+    return out
+
+
+@torch.no_grad()
+def target_record(target, prompt, layer_ids, max_new_tokens: int = 32) -> dict:
+    """One training record from the target: regenerate the response greedily, then run the target once over
+    prompt + response with ``output_hidden_states=True``.
+
+    ``prompt`` is a 1-D tensor of token ids (text targets) or the processor outputs of *one* request
+    (``VLMPipeline.prepare``: ``input_ids[1, P]``, ``pixel_values``, ``image_grid_thw``, ...), so a VLM's
+    image reaches the record only through the target's hidden states. Returns ``tokens[n]``, ``labels[n]``
+    (the target's argmax next token at every position; it equals the response token there) and
+    ``features[n, len(layer_ids) * H]`` (the requested layers concatenated in order: the fusion input),
+    all on the CPU, plus ``prompt_len`` (a 0-d tensor).
+    """
+    if torch.is_tensor(prompt):
+        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        inputs = _text_model_inputs(target, ids)
+    else:
+        inputs = {k: (v.to(target.device) if torch.is_tensor(v) else v) for k, v in dict(prompt).items()}
+        if inputs["input_ids"].shape[0] != 1:
+            raise InvalidInputError("target_record takes one request at a time (input_ids of batch 1)")
+    P = inputs["input_ids"].shape[-1]
+    full = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)[0].cpu()
+    cpu_inputs = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in inputs.items()}
+    out = target(**_extend_inputs(cpu_inputs, full, target.device), output_hidden_states=True, return_dict=True)
+    feats = torch.cat([out.hidden_states[i][0].float().cpu() for i in layer_ids], dim=-1)
+    return {"tokens": full, "labels": out.logits[0].argmax(-1).cpu(), "features": feats,
+            "prompt_len": torch.tensor(P)}
+
+
 @torch.no_grad()
 def collect_eagle_data(target, sequences, layer_ids, max_new_tokens: int = 32) -> list[dict]:
-    """Regenerate each prompt's response with the target (greedy), then run the target once over
-    prompt + response: per sequence the tokens, the three layers' hidden states and the target's argmax
-    next token at every position (the label the head learns; it equals the response token there)."""
-    data = []
-    for prompt in sequences:
-        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
-        full = target.generate(**_text_model_inputs(target, ids), max_new_tokens=max_new_tokens, do_sample=False)[0]
-        out = target(**_text_model_inputs(target, full.cpu()), output_hidden_states=True, return_dict=True)
-        data.append({"tokens": full.cpu(), "layers": [out.hidden_states[i][0].float().cpu() for i in layer_ids],
-                     "labels": out.logits[0].argmax(-1).cpu()})
-    return data
+    """:func:`target_record` for each prompt (1-D token ids, or one request's processor outputs)."""
+    return [target_record(target, p, layer_ids, max_new_tokens) for p in sequences]
 
 
-def _eagle_loss(drafter: EagleDrafter, batch: list[dict], ttt: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of step 1 (target features) and, with ``ttt``, step 2 (the head's own features)."""
+def collate_eagle(records: list[dict]) -> dict:
+    """Right-pad records to ``tokens[B, T]``, ``labels[B, T]`` (-100 on padding), ``features[B, T, D]``,
+    ``valid[B, T]``. Accepts the older record form with ``layers`` (a list of ``[n, H]`` tensors) too."""
+    B, T = len(records), max(len(r["tokens"]) for r in records)
+    feats = [r["features"] if "features" in r else torch.cat(list(r["layers"]), dim=-1) for r in records]
+    D = feats[0].shape[-1]
+    tok = torch.zeros(B, T, dtype=torch.long)
+    lab = torch.full((B, T), -100, dtype=torch.long)
+    fea = torch.zeros(B, T, D, dtype=torch.float32)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    for b, (r, f) in enumerate(zip(records, feats)):
+        n = len(r["tokens"])
+        tok[b, :n], lab[b, :n], fea[b, :n], valid[b, :n] = r["tokens"], r["labels"], f.float(), True
+    return {"tokens": tok, "labels": lab, "features": fea, "valid": valid}
+
+
+def _unroll_mask(valid: torch.Tensor, s: int) -> torch.Tensor:
+    """Attention mask ``[B, sT, sT]`` over ``s`` stacked copies (unroll steps) of a length-``T`` window.
+
+    Block 1 is ordinary causal attention over target features. Block ``a >= 2`` at position ``j`` stands for
+    the ``(a-1)``-th draft after the committed prefix ``<= j-a+1``: it sees block 1 up to ``j-a+1``, block
+    ``b`` (``2 <= b < a``) at ``j-a+b`` (the earlier drafts of the same chain) and itself: exactly what the
+    head sees at draft step ``a`` at run time (EAGLE's training-time test)."""
+    B, T = valid.shape
+    dev = valid.device
+    j = torch.arange(T, device=dev)
+    rows = []
+    for a in range(1, s + 1):
+        cols = []
+        for b in range(1, s + 1):
+            if b == 1:
+                m = (j[None, :] <= j[:, None] - (a - 1))[None] & valid[:, None, :]
+            elif b < a:
+                m = (j[None, :] == j[:, None] - a + b)[None].expand(B, T, T)
+            elif b == a:
+                m = torch.eye(T, dtype=torch.bool, device=dev)[None].expand(B, T, T)
+            else:
+                m = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
+            if a == 1 and b == 1:
+                m = m | torch.eye(T, dtype=torch.bool, device=dev)[None]
+            cols.append(m)
+        rows.append(torch.cat(cols, dim=2))
+    return torch.cat(rows, dim=1)
+
+
+def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
+    """Per-unroll-step cross-entropy and top-1 accuracy of the head on a :func:`collate_eagle` batch.
+
+    Step 1 feeds each token with the target's fused feature of the position before; step ``s >= 2`` feeds it
+    with the head's own output hidden state of step ``s - 1`` at the position before (training-time test),
+    under the mask of :func:`_unroll_mask`. Returns ``(losses[unroll], accuracies[unroll])`` (tensors; the
+    losses carry gradients)."""
     dev, dtype = drafter.fuse.weight.device, drafter.fuse.weight.dtype
-    B, T, H = len(batch), max(len(d["tokens"]) for d in batch), drafter.hidden_size
-    tok = torch.zeros(B, T, dtype=torch.long, device=dev)
-    lab = torch.full((B, T), -100, dtype=torch.long, device=dev)
-    layers = [torch.zeros(B, T, H, device=dev) for _ in range(3)]
-    valid = torch.zeros(B, T, dtype=torch.bool, device=dev)
-    for b, d in enumerate(batch):
-        n = len(d["tokens"])
-        tok[b, :n], lab[b, :n], valid[b, :n] = d["tokens"], d["labels"], True
-        for j in range(3):
-            layers[j][b, :n] = d["layers"][j]
-    fused = drafter.fuse_features(layers)
-    feat = torch.cat([torch.zeros(B, 1, H, device=dev, dtype=dtype), fused[:, :-1]], dim=1)  # f_{i-1}
+    tok, lab = batch["tokens"].to(dev), batch["labels"].to(dev)
+    valid, feats = batch["valid"].to(dev), batch["features"].to(dev)
+    B, T = tok.shape
+    H = drafter.hidden_size
+    fused = drafter.fuse_features(list(feats.to(dtype).chunk(3, dim=-1)))
+    zero = torch.zeros(B, 1, H, device=dev, dtype=dtype)
+    feat_blocks = [torch.cat([zero, fused[:, :-1]], dim=1)]  # f_{i-1}
     pos = torch.arange(T, device=dev)[None].expand(B, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-    allowed = (causal[None] & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=dev)[None]
-    logits, hid = drafter(tok, feat, pos, allowed)
-    loss1 = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-100)
-    if not ttt:
-        return loss1, loss1.detach() * 0
-    # Training-time test: step-2 position j feeds x_j with the head's own hidden h_{j-1}; it attends to the
-    # step-1 positions < j (target features, as at run time) and to itself.
-    feat2 = torch.cat([torch.zeros(B, 1, H, device=dev, dtype=dtype), hid[:, :-1]], dim=1)
-    strict = torch.ones(T, T, dtype=torch.bool, device=dev).tril(-1)
-    eye = torch.eye(T, dtype=torch.bool, device=dev)
-    top = torch.cat([allowed, torch.zeros(B, T, T, dtype=torch.bool, device=dev)], dim=2)
-    bottom = torch.cat([strict[None] & valid[:, None, :], eye[None].expand(B, T, T)], dim=2)
-    logits2, _ = drafter(torch.cat([tok, tok], 1), torch.cat([feat, feat2], 1), torch.cat([pos, pos], 1),
-                         torch.cat([top, bottom], dim=1))
-    lab2 = lab.clone()
-    lab2[:, 0] = -100  # position 0 has no previous step
-    loss2 = F.cross_entropy(logits2[:, T:].reshape(-1, logits2.shape[-1]), lab2.reshape(-1), ignore_index=-100)
-    return loss1, loss2
+    losses, accs = [], []
+    for s in range(1, unroll + 1):
+        logits, hid = drafter(tok.repeat(1, s), torch.cat(feat_blocks, dim=1), pos.repeat(1, s), _unroll_mask(valid, s))
+        lg = logits[:, (s - 1) * T:]
+        lab_s = lab.clone()
+        lab_s[:, : s - 1] = -100  # positions with no committed prefix for this draft depth
+        losses.append(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab_s.reshape(-1), ignore_index=-100))
+        keep = lab_s != -100
+        hit = (lg.argmax(-1) == lab_s) & keep
+        accs.append(hit.sum().float() / keep.sum().clamp(min=1))
+        if s < unroll:
+            feat_blocks.append(torch.cat([zero, hid[:, (s - 1) * T: s * T - 1]], dim=1))
+    return torch.stack(losses), torch.stack(accs).detach()
+
+
+class EagleLoss(nn.Module):
+    """The head plus its training objective as one module, so ``forward(batch)`` is the whole training step's
+    graph (what DDP / ``accelerate`` wrap: gradient sync needs the loss computed inside ``forward``)."""
+
+    def __init__(self, drafter: "EagleDrafter", unroll: int = 2):
+        super().__init__()
+        self.drafter, self.unroll = drafter, int(unroll)
+
+    def forward(self, batch: dict):
+        return eagle_unroll_loss(self.drafter, batch, self.unroll)
+
+
+def warmup_cosine(warmup: int, steps: int):
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
+    def f(s):
+        return min(1.0, (s + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(1, steps)))
+    return f
 
 
 def train_eagle(target, tokenizer=None, sequences=(), steps: int = 300, *, drafter: EagleDrafter | None = None,
                 max_new_tokens: int = 32, batch_size: int = 8, lr: float = 3e-3, weight_decay: float = 0.0,
-                ttt: bool = True, seed: int = 0, data: list | None = None, log=None, **drafter_kw) -> EagleDrafter:
-    """Train an EAGLE head on ``target``'s own greedy responses to ``sequences`` (1-D prompt token ids).
+                ttt: bool = True, unroll: int | None = None, warmup: int = 20, seed: int = 0,
+                data: list | None = None, log=None, **drafter_kw) -> EagleDrafter:
+    """Train an EAGLE head on ``target``'s own greedy responses to ``sequences`` (1-D prompt token ids, or
+    one request's processor outputs each, for a VLM), in memory, in this process.
 
-    Loss: cross-entropy of the target's next token from (token, previous fused feature) plus, with ``ttt``,
-    the training-time-test step where the head's own output hidden state replaces the target feature.
-    AdamW with cosine decay; the embeddings and LM head stay frozen. Returns the head in eval mode.
-    ``data`` reuses :func:`collect_eagle_data` output (the layer ids must match the drafter's).
-
-    Text prompts only for now (VLM training data, with pixels, is not wired yet).
+    Loss: the sum over unroll steps of :func:`eagle_unroll_loss` (``unroll`` steps; default 2 with ``ttt``,
+    1 without). AdamW with warm-up and cosine decay; the embeddings and LM head stay frozen. Returns the head
+    in eval mode. ``data`` reuses :func:`collect_eagle_data` output (the layer ids must match the drafter's).
+    For data on disk, several processes, checkpoints and resume, use :mod:`mmspec.train` (``mmspec train``),
+    which shares this loss.
     """
     if drafter is None:
         drafter = EagleDrafter.from_target(target, tokenizer, seed=seed, **drafter_kw)
     if data is None:
         if not len(sequences):
-            raise InvalidInputError("train_eagle needs prompts (a list of 1-D token id tensors)")
+            raise InvalidInputError("train_eagle needs prompts (a list of 1-D token id tensors or processor outputs)")
         data = collect_eagle_data(target, sequences, drafter.layer_ids, max_new_tokens)
+    unroll = int(unroll if unroll is not None else (2 if ttt else 1))
     rng = random.Random(seed)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(1, steps))))
-    drafter.train()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, steps))
+    module = EagleLoss(drafter, unroll).train()
     for step in range(steps):
-        batch = rng.sample(data, min(batch_size, len(data)))
-        loss1, loss2 = _eagle_loss(drafter, batch, ttt)
-        loss = loss1 + loss2
+        batch = collate_eagle(rng.sample(data, min(batch_size, len(data))))
+        losses, accs = module(batch)
         opt.zero_grad()
-        loss.backward()
+        losses.sum().backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         if log is not None and (step % 50 == 0 or step == steps - 1):
-            log(f"step {step}: loss1 {loss1.item():.3f} loss2 {loss2.item():.3f}")
+            log(f"step {step}: loss " + " ".join(f"{x:.3f}" for x in losses.tolist())
+                + " acc " + " ".join(f"{x:.3f}" for x in accs.tolist()))
     return drafter.eval()
 
 

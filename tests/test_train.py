@@ -1,0 +1,239 @@
+"""``mmspec train``: config validation, target data on disk (shards, resume), training, checkpoints and resume,
+and a two-process run (torchrun, gloo) on the tiny demo VLM with the docs/charts workloads."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import mmspec
+from mmspec.cli import main
+from mmspec.demo import tiny_vlm_path
+from mmspec.errors import InvalidInputError
+from mmspec.registry import make_drafter
+from mmspec.train import (TrainConfig, collect_data, fit, get_trainer, latest_checkpoint, read_shard,
+                          register_trainer, trainer_kinds, EagleTrainer)
+
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+def _cfg(out_dir, **kw):
+    base = dict(kind="eagle", target=tiny_vlm_path(), out=str(out_dir), workloads=("docs", "charts"), n_train=4,
+                max_new_tokens=8, steps=3, batch_size=2, shard_size=2, save_every=2, progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """Stage 1 once: 4 items (2 docs, 2 charts) in 2 shards."""
+    out = tmp_path_factory.mktemp("train-data")
+    collect_data(_cfg(out))
+    return out / "data"
+
+
+def _with_data(data_dir, out):
+    shutil.copytree(data_dir, out / "data")
+    return out
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    from mmspec import MMSpecPipeline
+
+    return MMSpecPipeline.from_pretrained(tiny_vlm_path())
+
+
+# --------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("kw, msg", [
+    ({"kind": "nope"}, "unknown trainer kind"),
+    ({"workloads": ("docs", "nope")}, "unknown workload"),
+    ({"workloads": ()}, "at least one workload"),
+    ({"steps": 0}, "steps must be a positive integer"),
+    ({"batch_size": -1}, "batch_size"),
+    ({"n_train": 0}, "n_train"),
+    ({"lr": 0.0}, "lr must be > 0"),
+    ({"save_every": -1}, "save_every"),
+    ({"layer_ids": (1, 2)}, "three target layers"),
+    ({"target": "/no/such/target"}, "target folder not found"),
+    ({"out": ""}, "output folder"),
+])
+def test_config_rejects(tmp_path, kw, msg):
+    with pytest.raises(InvalidInputError, match=msg):
+        _cfg(tmp_path, **kw).validate()
+    assert not os.listdir(tmp_path)  # failed before writing anything
+
+
+def test_layer_ids_checked_against_target(tmp_path):
+    cfg = _cfg(tmp_path, layer_ids=(1, 2, 5))
+    cfg.validate()  # fine without the target...
+    with pytest.raises(InvalidInputError, match="out of range for a target with 2 layers"):
+        cfg.validate_target()  # ...refused once its config (2 layers) is read, before any weights load
+    with pytest.raises(InvalidInputError, match="out of range"):
+        collect_data(cfg)
+    assert not os.listdir(tmp_path)
+    _cfg(tmp_path, layer_ids=(0, 1, 2)).validate_target()
+
+
+def test_registry():
+    assert "eagle" in trainer_kinds() and isinstance(get_trainer("eagle"), EagleTrainer)
+
+    class Mine(EagleTrainer):
+        kind = "eagle-test"
+
+    from mmspec import train as train_mod
+
+    register_trainer("eagle-test", Mine)
+    try:
+        assert isinstance(get_trainer("eagle-test"), Mine)
+    finally:
+        train_mod._TRAINERS.pop("eagle-test", None)
+    with pytest.raises(InvalidInputError):
+        register_trainer("a:b", Mine)
+
+
+def test_cli_user_error(tmp_path, capsys):
+    rc = main(["train", "--target", tiny_vlm_path(), "--out", str(tmp_path / "o"), "--steps", "0"])
+    assert rc == 2 and "steps must be a positive integer" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- stage 1
+def test_shards_written_readable_and_from_the_target(data_dir, pipe):
+    index = json.loads((data_dir / "index.json").read_text())
+    assert index["complete"] and index["layer_ids"] == [1, 1, 1]
+    assert [s["file"] for s in index["shards"]] == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    assert index["fingerprint"]["model_type"] == "qwen2_vl"
+    recs = [r for s in index["shards"] for r in read_shard(str(data_dir / s["file"]))]
+    assert len(recs) == 4
+    for r in recs:
+        n, P = len(r["tokens"]), int(r["prompt_len"])
+        assert r["features"].shape == (n, 3 * 64) and r["labels"].shape == (n,) and P < n <= P + 8
+        # the target's argmax over prompt + response reproduces its own greedy response: the forward saw the
+        # same image (pixels, M-RoPE positions) as generate did
+        assert torch.equal(r["labels"][P - 1: n - 1], r["tokens"][P:])
+    # the first record is docs/train/0 through the pipeline's preprocessing: same prompt ids, image tokens in it
+    from mmspec.workloads import get_workload
+
+    ex = get_workload("docs").example("train", 0)
+    ids = pipe.prepare(images=ex.images, prompt=ex.prompt)["input_ids"][0]
+    first = read_shard(str(data_dir / "shard-00000.safetensors"))[0]
+    assert torch.equal(first["tokens"][: len(ids)], ids)
+    assert (ids == pipe.model.config.image_token_id).sum() > 0
+
+
+def test_stage1_resume_skips_written_shards(data_dir, tmp_path):
+    out = _with_data(data_dir, tmp_path)
+    d = out / "data"
+    before = {p: os.stat(d / p).st_mtime_ns for p in ("shard-00000.safetensors", "shard-00001.safetensors")}
+    collect_data(_cfg(out))  # complete index: nothing to do
+    assert {p: os.stat(d / p).st_mtime_ns for p in before} == before
+    # a job killed while writing shard 1: no index, no shard 1 (only a stray temporary file)
+    os.remove(d / "index.json")
+    os.remove(d / "shard-00001.safetensors")
+    (d / "shard-00001.safetensors.tmp-123").write_bytes(b"partial")
+    collect_data(_cfg(out))
+    assert os.stat(d / "shard-00000.safetensors").st_mtime_ns == before["shard-00000.safetensors"]
+    assert (d / "shard-00001.safetensors").is_file() and json.loads((d / "index.json").read_text())["complete"]
+    # shards written with other settings are refused, never mixed in
+    with pytest.raises(InvalidInputError, match="other settings"):
+        collect_data(_cfg(out, max_new_tokens=9))
+    os.remove(d / "index.json")
+    with pytest.raises(InvalidInputError, match="other settings"):
+        collect_data(_cfg(out, max_new_tokens=9))
+    a = read_shard(str(data_dir / "shard-00001.safetensors"))
+    b = read_shard(str(d / "shard-00001.safetensors"))
+    assert all(torch.equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
+
+
+# --------------------------------------------------------------------------- stage 2
+def test_train_saves_lossless_drafter(data_dir, tmp_path, pipe):
+    out = _with_data(data_dir, tmp_path)
+    fit(_cfg(out))
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]
+    assert all(len(r["loss"]) == 2 and len(r["acc"]) == 2 and r["lr"] > 0 for r in log)
+    assert latest_checkpoint(str(out)).endswith("step-000003")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["drafter_kind"] == "eagle" and cfg["target_fingerprint"]["model_type"] == "qwen2_vl"
+    drafter = make_drafter(f"eagle:{out}", pipe.model)
+    from mmspec.workloads import get_workload
+
+    for w in ("docs", "charts"):
+        ex = get_workload(w).example("test", 0)
+        inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
+        ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
+        got = mmspec.generate(pipe.model, inputs, drafter=drafter, max_new_tokens=12)
+        assert torch.equal(got.sequences, ref), w
+
+
+def test_resume_continues_step_count(data_dir, tmp_path):
+    out = _with_data(data_dir, tmp_path)
+    fit(_cfg(out, steps=4, save_every=2, lr=1e-2))
+    full = (out / "model.safetensors").read_bytes()
+    log_full = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    # the same run, "killed" after the step-2 checkpoint: then resumed
+    out2 = _with_data(data_dir, tmp_path / "b")
+    fit(_cfg(out2, steps=4, save_every=2, lr=1e-2))
+    shutil.rmtree(out2 / "checkpoints" / "step-000004")
+    os.remove(out2 / "model.safetensors")
+    lines = (out2 / "train_log.jsonl").read_text().splitlines()[:2]
+    (out2 / "train_log.jsonl").write_text("\n".join(lines) + "\n")
+    fit(_cfg(out2, steps=4, save_every=2, lr=1e-2, resume=True))
+    log = [json.loads(x) for x in (out2 / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert [r["lr"] for r in log] == pytest.approx([r["lr"] for r in log_full])  # the schedule continued
+    state = torch.load(out2 / "checkpoints" / "step-000004" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 4 and (out2 / "model.safetensors").is_file() and full
+    # already finished: a further resume does nothing
+    fit(_cfg(out2, steps=4, save_every=2, resume=True))
+    assert len((out2 / "train_log.jsonl").read_text().splitlines()) == 4
+
+
+def test_cli_train_end_to_end(tmp_path, pipe):
+    out = tmp_path / "cli"
+    rc = main(["train", "--kind", "eagle", "--target", tiny_vlm_path(), "--workload", "docs,charts", "--n-train", "2",
+               "--max-new-tokens", "4", "--steps", "2", "--batch-size", "2", "--shard-size", "1", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    assert (out / "data" / "shard-00001.safetensors").is_file() and (out / "train_log.jsonl").is_file()
+    make_drafter(f"eagle:{out}", pipe.model)
+
+
+# --------------------------------------------------------------------------- two processes
+_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    torch.set_num_threads(1)
+    from mmspec.train import TrainConfig, fit, _accelerator
+    out, target = sys.argv[1], sys.argv[2]
+    acc = _accelerator()
+    cfg = TrainConfig(kind="eagle", target=target, out=out, steps=3, batch_size=2, save_every=2, progress=False)
+    d = fit(cfg, acc)
+    digest = float(sum(p.double().sum() for p in d.parameters() if p.requires_grad))
+    with open(os.path.join(out, f"rank-{acc.process_index}.json"), "w") as f:
+        json.dump({"rank": acc.process_index, "world": acc.num_processes, "digest": digest}, f)
+""")
+
+
+def test_two_process_training_smoke(data_dir, tmp_path):
+    if not os.path.isfile(TORCHRUN):
+        pytest.skip("torchrun not installed next to the interpreter")
+    out = _with_data(data_dir, tmp_path / "ddp")
+    script = tmp_path / "ddp_train.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node", "2", str(script), str(out), tiny_vlm_path()],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]
+    assert ranks[0]["digest"] == pytest.approx(ranks[1]["digest"], rel=1e-6)  # gradients were synchronised
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3] and all(r["world_size"] == 2 for r in log)  # written once
+    assert sorted(os.listdir(out / "checkpoints")) == ["step-000002", "step-000003"]
+    assert (out / "model.safetensors").is_file()
