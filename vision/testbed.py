@@ -210,6 +210,11 @@ def train_target(cfg: TrainConfig, progress: bool = True) -> str:
     captured = {}
     hook = model.model.visual.register_forward_hook(lambda m, a, out: captured.__setitem__("h", out.pooler_output))
     log_path = os.path.join(cfg.out, "train_log.jsonl")
+    if os.path.isfile(log_path):  # a killed job may have logged steps past its last checkpoint: drop them
+        with open(log_path) as f:
+            kept = [line for line in f if json.loads(line)["step"] <= start]
+        with open(log_path, "w") as f:
+            f.writelines(kept)
     model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="target")
     try:
