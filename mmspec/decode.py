@@ -66,7 +66,7 @@ class _StopStrings:
         a tail keeps this O(1) per token: a stop string of ``n`` characters spans at most ``n`` tokens that
         decode to at least one character.
         """
-        tail = history[-(self.longest + 1) :]
+        tail = [int(t) for t in history[-(self.longest + 1) :]]
         prev = self.tokenizer.decode(tail[:-1])
         text = self.tokenizer.decode(tail)
         return any(s in text and s not in prev for s in self.stops)
@@ -285,7 +285,7 @@ def generate(
             buffers[r][len(prompt_rows[r]) + len(generated[r])] = tok
             generated[r].append(tok)
             if tok in eos_ids or len(generated[r]) >= max_new or (
-                stopper is not None and stopper.hit(prompt_rows[r][-stopper.longest - 1 :] + generated[r])
+                stopper is not None and stopper.hit(buffers[r][: len(prompt_rows[r]) + len(generated[r])])
             ):
                 return kept, True
         return kept, False

@@ -223,7 +223,6 @@ class Trainer:
 
     kind = "base"
     drafter_cls = None
-    needs_hidden = True
 
     def check_config(self, cfg: TrainConfig) -> None:
         pass
@@ -234,17 +233,18 @@ class Trainer:
     def layer_ids(self, cfg: TrainConfig, model_config) -> tuple:
         return ()
 
+    # The four hooks below are the protocol every registered trainer implements (EagleTrainer does).
     def build_drafter(self, cfg: TrainConfig, model, tokenizer):
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     def record(self, cfg: TrainConfig, model, inputs, layer_ids) -> dict:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     def collate(self, records: list[dict]) -> dict:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     def loss_module(self, drafter, cfg: TrainConfig) -> torch.nn.Module:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
 
 class EagleTrainer(Trainer):

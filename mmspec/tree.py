@@ -48,6 +48,7 @@ class DraftTree:
     parents: np.ndarray
     draft_probs: object = None
     _children: list | None = field(default=None, repr=False, compare=False)
+    _depth: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
@@ -166,11 +167,14 @@ class DraftTree:
 
     @property
     def depth(self) -> np.ndarray:
-        """``int64[n]``: depth of each node; children of the root have depth 1."""
-        d = np.zeros(len(self), np.int64)
-        for i, p in enumerate(self.parents):
-            d[i] = 1 if p < 0 else d[p] + 1
-        return d
+        """``int64[n]``: depth of each node; children of the root have depth 1 (computed once: read-only)."""
+        if self._depth is None:
+            d = np.zeros(len(self), np.int64)
+            for i, p in enumerate(self.parents):
+                d[i] = 1 if p < 0 else d[p] + 1
+            d.setflags(write=False)
+            self._depth = d
+        return self._depth
 
     @property
     def max_depth(self) -> int:

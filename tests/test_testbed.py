@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TrainConfig, aux_targets, build_target, evaluate,
+from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TargetTrainConfig, aux_targets, build_target, evaluate,
                                    make_batch, train_target)
 from mmspec.workloads import get_workload
 
@@ -51,7 +51,7 @@ def test_aux_targets_mark_the_drawn_characters(examples):
 
 
 def test_training_runs_resumes_and_evaluates(tmp_path):
-    cfg = TrainConfig(out=str(tmp_path), size="tiny", steps=2, batch_size=2, save_every=1, tokenizer_texts=100,
+    cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=2, batch_size=2, save_every=1, tokenizer_texts=100,
                       vocab_size=400, warmup=1)
     train_target(cfg, progress=False)
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]

@@ -13,7 +13,7 @@ supervision of the *target's* vision tower, used only to build the testbed; say 
 are reported.
 
 Example:
-    >>> cfg = TrainConfig(steps=2, batch_size=2, size="tiny", out="/tmp/tb")      # doctest: +SKIP
+    >>> cfg = TargetTrainConfig(steps=2, batch_size=2, size="tiny", out="/tmp/tb")      # doctest: +SKIP
     >>> train_target(cfg)                                                          # doctest: +SKIP
 """
 
@@ -30,7 +30,7 @@ import torch
 from mmspec.demo import build_qwen2vl, train_tokenizer
 from mmspec.workloads import get_workload
 
-__all__ = ["SIZES", "TrainConfig", "build_target", "make_batch", "aux_targets", "train_target", "evaluate",
+__all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "train_target", "evaluate",
            "CHARSET"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -135,7 +135,7 @@ def make_batch(processor, examples, train: bool = True) -> dict:
 
 
 @dataclass
-class TrainConfig:
+class TargetTrainConfig:
     """Hyper-parameters of :func:`train_target` (saved beside the checkpoint)."""
 
     out: str = "testbed-target"
@@ -165,7 +165,7 @@ class _Reader(torch.nn.Module):
         return self.proj(h).view(h.shape[0], MERGE * MERGE, len(CHARSET))
 
 
-def _examples(cfg: TrainConfig, step: int, workloads: dict) -> list:
+def _examples(cfg: TargetTrainConfig, step: int, workloads: dict) -> list:
     """Training batch ``step``: a fixed, resumable sequence of (workload, index) pairs."""
     n_docs = round(cfg.batch_size * cfg.docs_fraction)
     docs = workloads["docs"].examples("train", n_docs, start=step * n_docs)
@@ -173,7 +173,7 @@ def _examples(cfg: TrainConfig, step: int, workloads: dict) -> list:
     return docs + charts
 
 
-def train_target(cfg: TrainConfig, progress: bool = True) -> str:
+def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     """Train (or resume) the testbed target; writes ``save_pretrained`` checkpoints under ``cfg.out``.
 
     Resumes from ``cfg.out/state.pt`` (optimizer, step; loaded with ``weights_only=True``) when present.
@@ -246,7 +246,7 @@ def train_target(cfg: TrainConfig, progress: bool = True) -> str:
     return cfg.out
 
 
-def _save(model, processor, reader, opt, step: int, cfg: TrainConfig) -> None:
+def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig) -> None:
     """Checkpoint atomically enough for a killed job: weights first, then the step that points at them."""
     model.save_pretrained(cfg.out)
     processor.save_pretrained(cfg.out)
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.testbed")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
-    for name, value in asdict(TrainConfig()).items():
+    for name, value in asdict(TargetTrainConfig()).items():
         if not isinstance(value, dict):
             t.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     e = sub.add_parser("eval")
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
     e.add_argument("--max-new-tokens", type=int, default=256)
     args = p.parse_args(argv)
     if args.cmd == "train":
-        cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"})
+        cfg = TargetTrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"})
         train_target(cfg)
         return 0
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
