@@ -64,16 +64,22 @@ _QUICK = {"n": 4, "max_new_tokens": 16}
 _FULL = {"n": 8, "max_new_tokens": 64}
 
 
-def default_model_path() -> str:
+def default_model_path(workloads=()) -> str:
     """The target benchmarked when no ``--model`` is given: THE one place where that default is chosen.
 
-    Why: for now the tiny random demo VLM (built locally on first use); once the trained testbed
-    target exists, this returns its folder instead and nothing else changes.
+    The trained target bundled with the first of ``workloads`` that ships one
+    (:meth:`~mmspec.workloads.Workload.bundled_model`: the testbed VLM for ``docs`` and ``charts``); the
+    tiny random demo VLM (built locally on first use) when none does.
 
     Example:
-        >>> default_model_path()                                                # doctest: +SKIP
-        '/root/.cache/mmspec/tiny-vlm'
+        >>> from mmspec.workloads import get_workload
+        >>> default_model_path([get_workload("docs")]).endswith("testbed-vlm")      # doctest: +SKIP
+        True
     """
+    for wl in workloads:
+        path = wl.bundled_model()
+        if path:
+            return path
     from .demo import tiny_vlm_path
 
     return tiny_vlm_path()
@@ -106,8 +112,9 @@ class BenchConfig:
         model: target folder (default :func:`default_model_path`).
         workloads: workload names (default: those of ``docs``, ``charts`` that are registered).
         systems: system names: ``ar``, ``hf-prompt-lookup``, ``hf-assistant``, or an mmspec drafter spec
-            (``lookup``, ``draft-model``, ``kind:PATH``). Default: AR, HF prompt lookup and mmspec lookup,
-            plus ``hf-assistant`` and ``draft-model`` when ``draft_model`` is given. AR always runs: it is
+            (``lookup``, ``draft-model``, ``kind:PATH``, ``kind:PATH;key=value``). Default: AR, HF prompt
+            lookup and mmspec lookup, the drafters bundled for the default target (``eagle``) when no model
+            is named, plus ``hf-assistant`` and ``draft-model`` when ``draft_model`` is given. AR always runs: it is
             the reference every ratio is taken against.
         draft_model: folder of a small model with the target's tokenizer (mmspec ``draft-model`` and the
             HF assistant share it).
@@ -164,12 +171,14 @@ def _resolve_workloads(names) -> list:
     return [get_workload(n) for n in names]
 
 
-def _resolve_systems(names, draft_model) -> list[str]:
-    """Validated system names, AR first; raises :class:`InvalidInputError` on unknown ones."""
+def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
+    """Validated system names, AR first; raises :class:`InvalidInputError` on unknown ones. ``bundled``:
+    drafter specs shipped for the default target, added to the default list."""
     from .registry import drafter_kinds
 
     if not names:
-        names = ["ar", "hf-prompt-lookup", "lookup"] + (["hf-assistant", "draft-model"] if draft_model else [])
+        names = (["ar", "hf-prompt-lookup", "lookup"] + list(bundled)
+                 + (["hf-assistant", "draft-model"] if draft_model else []))
     kinds = drafter_kinds()
     out = ["ar"]
     for name in names:
@@ -178,10 +187,11 @@ def _resolve_systems(names, draft_model) -> list[str]:
         base = name.removesuffix(BUDGET_SUFFIX)
         if base != name and base in BUILTIN_SYSTEMS:
             raise InvalidInputError(f"{BUDGET_SUFFIX!r} applies to mmspec drafters, not to {base!r}")
-        if base not in BUILTIN_SYSTEMS and base.partition(":")[0] not in kinds:
+        if base not in BUILTIN_SYSTEMS and base.split(";")[0].partition(":")[0] not in kinds:
             raise InvalidInputError(
                 f"unknown system {name!r}; systems: {', '.join(BUILTIN_SYSTEMS)}, or an mmspec drafter "
-                f"({', '.join(kinds)}, optionally 'kind:PATH', and '{BUDGET_SUFFIX}' for a cost-aware depth budget)"
+                f"({', '.join(kinds)}, optionally 'kind:PATH', ';key=value' options, and '{BUDGET_SUFFIX}' for a "
+                "cost-aware depth budget)"
             )
         if base in ("hf-assistant", "draft-model") and not draft_model:
             raise InvalidInputError(
@@ -227,11 +237,27 @@ class System:
     """
 
     kind = "ar"
+    note = None  # what a reader of the record must know about how this system was run
 
     def __init__(self, name: str, model, max_new_tokens: int):
         self.name = name
         self.model = model
         self.max_new_tokens = max_new_tokens
+
+    @property
+    def label(self) -> str:
+        """The record's ``system``: the name without a drafter's path (``"eagle:DIR;topk=4"`` ->
+        ``"eagle;topk=4"``), so records are keyed by kind and variant, not by where a file lies.
+
+        Example:
+            >>> System("eagle:/tmp/head;topk=4+budget", None, 1).label
+            'eagle;topk=4+budget'
+            >>> System("eagle:/tmp/head+budget", None, 1).label
+            'eagle+budget'
+        """
+        base = self.name.removesuffix(BUDGET_SUFFIX)
+        head, *opts = base.split(";")
+        return ";".join([head.partition(":")[0]] + opts) + self.name[len(base):]
 
     def unsupported(self, batch_size: int) -> str | None:
         """``None`` when the system can run this batch size, else the record's ``"unsupported: ..."`` status."""
@@ -260,6 +286,9 @@ class HFAssistedSystem(System):
     """transformers' assisted generation (``prompt_lookup_num_tokens=`` or ``assistant_model=``).
 
     transformers raises "assisted generate is only supported for batch_size = 1" for larger batches.
+    Prompt lookup on a VLM copies the prompt's image placeholders into its drafts, which the model then
+    rejects; transformers drops draft tokens its logits processors forbid, so the placeholder ids are passed
+    as ``suppress_tokens`` (the model never emits them, so its greedy output is unchanged; the record says so).
     """
 
     kind = "hf"
@@ -267,6 +296,10 @@ class HFAssistedSystem(System):
     def __init__(self, name, model, max_new_tokens, **assist_kwargs):
         super().__init__(name, model, max_new_tokens)
         self.assist_kwargs = assist_kwargs
+        placeholders = placeholder_token_ids(model) if "prompt_lookup_num_tokens" in assist_kwargs else []
+        if placeholders:
+            self.assist_kwargs["suppress_tokens"] = placeholders
+            self.note = f"suppress_tokens={placeholders} (the image placeholders), else transformers' lookup fails"
 
     def unsupported(self, batch_size):
         return HF_BATCH1_ONLY if batch_size > 1 else None
@@ -292,6 +325,21 @@ class MMSpecSystem(System):
         out = generate(self.model, inputs, drafter=self.drafter, do_sample=False, max_new_tokens=self.max_new_tokens,
                        budget=self.budget)
         return out.sequences, out.stats
+
+
+def placeholder_token_ids(model) -> list[int]:
+    """Ids of a VLM's image/video placeholder and boundary tokens, from its config (empty for text models).
+
+    Example:
+        >>> from transformers import Qwen2VLConfig
+        >>> placeholder_token_ids(type("M", (), {"config": Qwen2VLConfig()})())
+        [151652, 151653, 151655, 151656]
+    """
+    cfg = model.config
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+             "image_token_index", "boi_token_id", "eoi_token_id")
+    ids = {getattr(cfg, n, None) for n in names} | {getattr(cfg.get_text_config(), n, None) for n in names}
+    return sorted(i for i in ids if isinstance(i, int) and i >= 0)
 
 
 def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int) -> list[System]:
@@ -434,8 +482,8 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     were disturbed (on a small shared CPU, a stalled thread can inflate one run many times over).
     """
     s, kind, ok = tally.stats, tally.system.kind, tally.status == "ok"
-    rec = {"workload": workload, "system": tally.system.name, "kind": kind, "batch_size": batch_size,
-           "status": tally.status, "n_examples": n_examples}
+    rec = {"workload": workload, "system": tally.system.label, "spec": tally.system.name, "kind": kind,
+           "batch_size": batch_size, "status": tally.status, "n_examples": n_examples, "note": tally.system.note}
     if not ok:
         measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
                     "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar", "new_tokens",
@@ -650,12 +698,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     if not cfg.batch_sizes or any(not isinstance(b, int) or b < 1 for b in cfg.batch_sizes):
         raise InvalidInputError(f"batch sizes must be positive integers (got {cfg.batch_sizes!r})")
     workloads = _resolve_workloads(cfg.workloads)
-    names = _resolve_systems(cfg.systems, cfg.draft_model)
+    bundled = [] if cfg.model else next((w.bundled_drafters() for w in workloads if w.bundled_model()), [])
+    names = _resolve_systems(cfg.systems, cfg.draft_model, bundled)
     examples = {w.name: w.examples(cfg.split, n) for w in workloads}
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model_path = cfg.model or default_model_path()
+    model_path = cfg.model or default_model_path(workloads)
     with _quiet_transformers():
         pipe = MMSpecPipeline.from_pretrained(model_path)
         device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -53,14 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trust-remote-code", action="store_true", help="allow custom code from the checkpoint")
     g.add_argument("--json", action="store_true", help='print {"text": ..., "stats": {...}} as JSON')
 
-    d = sub.add_parser("demo", help="run the bundled demo (a tiny random Qwen2-VL, built locally)")
-    d.add_argument("--out-dir", default=None, help="where the tiny model lives (default ~/.cache/mmspec/tiny-vlm)")
-    d.add_argument("--max-new-tokens", type=int, default=48)
+    d = sub.add_parser("demo", help="run the bundled demo (the trained testbed VLM on a document page)")
+    d.add_argument("--random", action="store_true", help="use the tiny random Qwen2-VL (built locally) instead")
+    d.add_argument("--out-dir", default=None,
+                   help="where the tiny random model lives (implies --random; default ~/.cache/mmspec/tiny-vlm)")
+    d.add_argument("--max-new-tokens", type=int, default=None)
 
     b = sub.add_parser("bench", help="AR vs transformers assisted generation vs mmspec drafters, in one run",
                        description="Interleaved benchmark on workloads: speedup over AR measured in one run, "
                                    "tau, forwards per token, identity to AR. Prints a table; --json/--png save it.")
-    b.add_argument("--model", default=None, help="target checkpoint (default: the tiny demo VLM)")
+    b.add_argument("--model", default=None,
+                   help="target checkpoint (default: the workload's bundled trained target, else the tiny demo VLM)")
     b.add_argument("--workload", default=None, help="comma-separated workloads (default: docs,charts)")
     b.add_argument("--systems", default=None,
                    help="comma-separated: ar, hf-prompt-lookup, hf-assistant, lookup, draft-model, or another "
@@ -139,7 +142,7 @@ def _generate(args) -> int:
 def _demo(args) -> int:
     from .demo import run_demo
 
-    out = run_demo(out_dir=args.out_dir, max_new_tokens=args.max_new_tokens)
+    out = run_demo(out_dir=args.out_dir, max_new_tokens=args.max_new_tokens, random_model=args.random)
     return 0 if out.info.get("matches_generate", True) else 1
 
 

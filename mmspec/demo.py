@@ -252,19 +252,26 @@ def draw_test_image(width: int = 112, height: int = 84):
     return img
 
 
-def run_demo(out_dir=None, max_new_tokens: int = 48, prompt: str = "Describe the image. How many shapes are there?",
-             print_fn=print):
-    """Run mmspec on the tiny VLM with the prompt-lookup drafter and check it against ``model.generate``.
+def run_demo(out_dir=None, max_new_tokens: int | None = None, prompt: str | None = None, print_fn=print,
+             random_model: bool = False):
+    """Run mmspec on the bundled trained testbed VLM (or the tiny random one) and check it against
+    ``model.generate``.
 
     Why: one command (``make demo`` / ``mmspec demo``) that shows the whole path working on a fresh
-    machine: build (or reuse) the tiny model, load it with :meth:`~mmspec.MMSpecPipeline.from_pretrained`,
-    decode speculatively, and show that the output is token-for-token what plain greedy
-    ``model.generate`` writes, with the run's :class:`~mmspec.SpecStats`.
+    machine: load the target with :meth:`~mmspec.MMSpecPipeline.from_pretrained`, decode speculatively,
+    and show that the output is token-for-token what plain greedy ``model.generate`` writes, with the run's
+    :class:`~mmspec.SpecStats` and the wall-clock ratio of the two.
+
+    With the bundled target (the ``docs`` workload's :meth:`~mmspec.workloads.Workload.bundled_model`) it
+    transcribes a test-split document page with the bundled EAGLE head (prompt lookup when no head ships);
+    with ``out_dir`` or ``random_model`` it builds (or reuses) the tiny random VLM and drafts by lookup.
 
     Args:
         out_dir: where the tiny model lives (default ``~/.cache/mmspec/tiny-vlm``); built if missing.
-        max_new_tokens, prompt: the request.
+        max_new_tokens, prompt: the request (defaults: 256 tokens and the page's own prompt for the
+            trained target; 48 tokens and a shapes question for the tiny one).
         print_fn: where the report goes (``print`` by default).
+        random_model: use the tiny random VLM even when a trained target ships.
 
     Returns:
         the :class:`~mmspec.pipelines.PipelineOutput` of the speculative run;
@@ -279,15 +286,34 @@ def run_demo(out_dir=None, max_new_tokens: int = 48, prompt: str = "Describe the
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the load bars of a 0.7 MB model are noise here
     try:
-        return _run_demo(out_dir, max_new_tokens, prompt, print_fn)
+        from .workloads import get_workload
+
+        docs = None if (out_dir is not None or random_model) else get_workload("docs")
+        if docs is not None and docs.bundled_model():
+            return _run_trained_demo(docs, max_new_tokens or 256, prompt, print_fn)
+        return _run_demo(out_dir, max_new_tokens or 48, prompt or "Describe the image. How many shapes are there?",
+                         print_fn)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
 
 
-def _run_demo(out_dir, max_new_tokens, prompt, print_fn):
-    import torch
+def _run_trained_demo(docs, max_new_tokens, prompt, print_fn):
+    from .pipelines import MMSpecPipeline
 
+    path = docs.bundled_model()
+    drafters = docs.bundled_drafters()
+    spec = drafters[0] if drafters else "lookup"
+    ex = docs.example("test", 3)
+    print_fn("mmspec demo: the bundled testbed target, a small Qwen2-VL trained on CPU to transcribe rendered")
+    print_fn(f"document pages, decoding a test page with the {spec.partition(':')[0]} drafter. The output must equal")
+    print_fn("plain greedy model.generate token for token; the two are timed back to back.")
+    print_fn(f"model: {path}")
+    pipe = MMSpecPipeline.from_pretrained(path, drafter=spec)
+    return _compare(pipe, ex.images, prompt or ex.prompt, max_new_tokens, print_fn, f"page, {ex.id}")
+
+
+def _run_demo(out_dir, max_new_tokens, prompt, print_fn):
     from .pipelines import MMSpecPipeline
 
     path = tiny_vlm_path(out_dir)
@@ -296,17 +322,34 @@ def _run_demo(out_dir, max_new_tokens, prompt, print_fn):
     print_fn("proposes tokens, the target verifies them in one pass per round, and the output must equal")
     print_fn("plain greedy model.generate token for token.")
     print_fn(f"model: {path}")
-    image = draw_test_image()
     pipe = MMSpecPipeline.from_pretrained(path, drafter="lookup")
-    out = pipe(images=[image], prompt=prompt, max_new_tokens=max_new_tokens)
-    inputs = pipe.prepare(images=[image], prompt=prompt)
+    return _compare(pipe, [draw_test_image()], prompt, max_new_tokens, print_fn, "image")
+
+
+def _compare(pipe, images, prompt, max_new_tokens, print_fn, what):
+    """Warm up, then time ``model.generate`` and the pipeline back to back; report equality and stats."""
+    import time
+
+    import torch
+
+    inputs = pipe.prepare(images=images, prompt=prompt)
     with torch.no_grad():
+        pipe(images=images, prompt=prompt, max_new_tokens=4)
+        pipe.model.generate(**inputs, max_new_tokens=4, do_sample=False)
+        t0 = time.perf_counter()
         ref = pipe.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        t_ar = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = pipe(images=images, prompt=prompt, max_new_tokens=max_new_tokens)
+    t_spec = time.perf_counter() - t0
     ref_text = pipe.decode_new(ref, inputs["input_ids"].shape[1])[0]
     same = torch.equal(out.sequences.cpu(), ref.cpu()) and out.text == ref_text
     out.info["matches_generate"] = same
-    print_fn(f"prompt: {prompt!r} (+ one {image.size[0]}x{image.size[1]} image)")
+    w, h = images[0].size
+    print_fn(f"prompt: {prompt!r} (+ one {w}x{h} {what})")
     print_fn(f"text: {out.text!r}")
     print_fn(f"equals model.generate (greedy): {same}")
     print_fn(str(out.stats))
+    print_fn(f"wall clock (one run each, CPU: indicative only; mmspec bench measures): model.generate "
+             f"{t_ar:.2f} s, mmspec {t_spec:.2f} s ({t_ar / t_spec:.2f}x)")
     return out

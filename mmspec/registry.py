@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import warnings
 
@@ -199,8 +200,9 @@ def make_drafter(spec, target_model, **kw):
     Args:
         spec: ``None`` (no drafter: plain decoding through the same loop); a
             :class:`~mmspec.drafters.Drafter` instance (returned as is, after the target check);
-            a kind name (``"lookup"``); ``"kind:ARG"`` (``"draft-model:/path/to/small-model"``); or a dict
-            ``{"kind": ..., **options}``.
+            a kind name (``"lookup"``); ``"kind:ARG"`` (``"draft-model:/path/to/small-model"``), either
+            followed by ``;key=value`` options (``"eagle:DIR;topk=4;tree_nodes=12"``, values read as JSON
+            when they parse, else as strings); or a dict ``{"kind": ..., **options}``.
         target_model: the loaded target (``None`` skips the target check and target-dependent loading).
         **kw: extra options for the factory (they override the dict's).
 
@@ -213,6 +215,8 @@ def make_drafter(spec, target_model, **kw):
         True
         >>> make_drafter("lookup", None, max_matches=1).max_matches
         1
+        >>> make_drafter("lookup;num_draft_tokens=7", None).num_draft_tokens
+        7
     """
     from .drafters.base import Drafter
 
@@ -224,8 +228,10 @@ def make_drafter(spec, target_model, **kw):
         if isinstance(spec, os.PathLike):
             spec = os.fspath(spec)
         if isinstance(spec, str):
-            kind, sep, arg = spec.partition(":")
+            head, *pairs = spec.split(";")
+            kind, sep, arg = head.partition(":")
             options = {"path": arg} if sep else {}
+            options.update(_spec_options(spec, pairs))
         elif isinstance(spec, dict):
             options = dict(spec)
             kind = options.pop("kind", None)
@@ -248,6 +254,20 @@ def make_drafter(spec, target_model, **kw):
     if target_model is not None:
         drafter.bind(target_model)
     return drafter
+
+
+def _spec_options(spec: str, pairs: list[str]) -> dict:
+    """``["topk=4", "name=x"]`` -> ``{"topk": 4, "name": "x"}`` (JSON values where they parse)."""
+    options = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise InvalidInputError(f"bad option {pair!r} in drafter spec {spec!r}; use 'kind:ARG;key=value'")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
 
 
 # ---------------------------------------------------------------------------- built-in drafters

@@ -64,6 +64,15 @@ class Workload:
         """The ``index``-th item of ``split``."""
         raise NotImplementedError  # abstract: every concrete workload overrides it
 
+    def bundled_model(self) -> str | None:
+        """Folder of the trained target shipped for this workload (``None``: none ships); what ``mmspec
+        bench`` and ``mmspec demo`` run when no model is named."""
+        return None
+
+    def bundled_drafters(self) -> list[str]:
+        """Drafter specs trained for :meth:`bundled_model` that ship with it (e.g. ``["eagle:DIR"]``)."""
+        return []
+
     def examples(self, split: str, n: int, start: int = 0) -> list[Example]:
         """Items ``start .. start + n - 1`` of ``split``."""
         check_item(split, start)

@@ -93,7 +93,7 @@ def test_greedy_equals_generate_text(perm, which):
 def test_greedy_equals_generate_random_target():
     """A plain random tiny Llama (no structure): the random head accepts little, the output is still exact."""
     target = _tiny_text.model(200, hidden=48, layers=3, seed=4)
-    drafter = EagleDrafter.from_target(target, seed=1, num_draft_tokens=3, window=8)
+    drafter = EagleDrafter.from_target(target, seed=1, num_draft_tokens=3)
     assert drafter.hidden_layers == (1, 2)
     inputs = _left_pad(_prompts(3, seed=5))
     ref = target.generate(**inputs, max_new_tokens=NEW, do_sample=False)
@@ -159,3 +159,85 @@ def test_save_load_round_trip_and_registry(perm, tmp_path):
         make_drafter(f"eagle:{tmp_path / 'head'}", other)
     with pytest.raises(DrafterMismatchError):
         mmspec.generate(other, held, drafter=loaded, max_new_tokens=4)
+
+
+# --------------------------------------------------------------------------- KV cache and dynamic tree
+@pytest.mark.parametrize("topk,nodes", [(1, None), (3, 8)])
+def test_cached_head_matches_full_recompute(perm, topk, nodes):
+    """The head's KV cache, fed from verify passes round by round, gives at every round the same
+    pending-position logits as one uncached pass over the whole committed sequence with the target's
+    features from a single forward (what training sees)."""
+    from mmspec.drafters.eagle import collate_eagle, target_record
+
+    target, _, trained, held = perm
+    drafter = trained
+    drafter.topk, drafter.tree_nodes = topk, nodes
+    seen = []
+    orig = drafter._extend_cache
+
+    def spy(ctx):
+        out = orig(ctx)
+        seen.append((ctx.sequences[0].copy(), out[1][0].clone()))
+        return out
+
+    drafter._extend_cache = spy
+    try:
+        one = _left_pad(_prompts(1, seed=21))
+        out = mmspec.generate(target, one, drafter=drafter, max_new_tokens=20)
+    finally:
+        del drafter._extend_cache
+        drafter.topk, drafter.tree_nodes = 1, None
+    assert len(seen) >= 3
+    rec = target_record(target, out.sequences[0], drafter.layer_ids, max_new_tokens=1)
+    batch = collate_eagle([rec])
+    fused = drafter.fuse_features(list(batch["features"].chunk(3, dim=-1)))
+    feats = torch.cat([torch.zeros(1, 1, drafter.hidden_size), fused[:, :-1]], dim=1)
+    T_ = batch["tokens"].shape[1]
+    with torch.no_grad():
+        logits, _, _, _ = drafter(batch["tokens"], feats, torch.arange(T_)[None],
+                                  torch.ones(T_, T_, dtype=torch.bool).tril()[None])
+    for seq, root_logits in seen:
+        n = len(seq) - 1
+        assert torch.equal(torch.as_tensor(seq), out.sequences[0, : n + 1])
+        assert torch.allclose(root_logits, logits[0, n], atol=1e-4), n
+
+
+@pytest.mark.parametrize("topk,nodes", [(2, 5), (3, 10)])
+def test_tree_greedy_equals_generate(perm, topk, nodes):
+    target, _, trained, _ = perm
+    trained.topk, trained.tree_nodes = topk, nodes
+    try:
+        three = _left_pad(_prompts(3, seed=12, lo=4, hi=12))
+        eos = _eos_mid(target, three)
+        ref = target.generate(**three, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
+        seen = []
+        orig = trained.propose
+        trained.propose = lambda ctx: seen.extend(orig(ctx)) or seen[-len(ctx.rows):]
+        out = mmspec.generate(target, three, drafter=trained, max_new_tokens=NEW, eos_token_id=eos)
+    finally:
+        trained.topk, trained.tree_nodes = 1, None
+        trained.__dict__.pop("propose", None)
+    assert torch.equal(out.sequences, ref)
+    assert max(len(t) for t in seen) == nodes and max(t.max_depth for t in seen) == trained.num_draft_tokens
+    widths = [max(len(c) for c in t.children()) for t in seen if len(t)]
+    assert max(widths) > 1  # a real tree, not a chain
+
+
+def test_tree_not_worse_than_chain_and_qwen2_vl(perm):
+    target, _, trained, held = perm
+    chain = _tau(target, trained, held)
+    trained.topk, trained.tree_nodes = 3, 12
+    try:
+        tree = _tau(target, trained, held)
+        model = T.build("qwen2_vl")
+        vl = EagleDrafter.from_target(model, seed=0, topk=3, tree_nodes=9, num_draft_tokens=3)
+        inputs = T.make_inputs("qwen2_vl", [{"pre": 3, "images": [(56, 56)], "post": 5},
+                                            {"pre": 2, "images": [(28, 56), (56, 28)], "post": 3}])
+        ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+        assert torch.equal(mmspec.generate(model, inputs, drafter=vl, max_new_tokens=NEW).sequences, ref)
+        sampled = mmspec.generate(target, held, drafter=trained, max_new_tokens=16, do_sample=True, seed=0)
+        assert sampled.stats.lossless
+    finally:
+        trained.topk, trained.tree_nodes = 1, None
+    print(f"tau chain {chain:.2f} tree {tree:.2f}")
+    assert tree >= chain - 0.05, (chain, tree)

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TargetTrainConfig, aux_targets, build_target, evaluate,
-                                   make_batch, train_target)
+from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TargetTrainConfig, aux_targets, build_target,
+                                   char_locations, evaluate, export_target, make_batch, reading_targets, train_target)
 from mmspec.workloads import get_workload
 
 
@@ -55,7 +55,8 @@ def test_training_runs_resumes_and_evaluates(tmp_path):
                       vocab_size=400, warmup=1)
     train_target(cfg, progress=False)
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == [1, 2] and all(r["lm_loss"] > 0 and r["aux_loss"] > 0 for r in log)
+    assert [r["step"] for r in log] == [1, 2]
+    assert all(r["lm_loss"] > 0 and r["aux_loss"] > 0 and r["read_loss"] > 0 and r["locate_loss"] > 0 for r in log)
     cfg.steps = 3
     train_target(cfg, progress=False)  # resumes at step 2
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
@@ -66,3 +67,48 @@ def test_training_runs_resumes_and_evaluates(tmp_path):
     model = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path)
     res = evaluate(model, AutoProcessor.from_pretrained(tmp_path), "charts", n=2, max_new_tokens=4, batch_size=2)
     assert res["n"] == 2 and 0.0 <= res["exact_match"] <= 1.0 and res["char_error_rate"] > 0
+    # The saved config is sdpa again (eager was only for reading the attention probabilities in training).
+    assert model.config.text_config._attn_implementation in (None, "sdpa")
+    out = export_target(str(tmp_path), str(tmp_path / "export"))
+    shipped = Qwen2VLForConditionalGeneration.from_pretrained(out)
+    assert shipped.dtype == torch.float32  # stored in bfloat16, loaded as float32
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "export" / "model.safetensors"), "pt") as f:
+        assert f.get_tensor(next(iter(f.keys()))).dtype == torch.bfloat16
+
+
+def test_char_locations_follow_the_drawn_runs(examples):
+    ex = examples[0]  # a docs item: every drawn run is a piece of the Markdown answer
+    locs = char_locations(ex, ex.target)
+    for run in ex.meta["runs"]:
+        i = ex.target.find(run["text"])
+        if i < 0 or not run.get("chars") or len(run["chars"]) != len(run["text"]) + 1:
+            continue
+        x, y = locs[i]
+        assert run["chars"][0] <= x <= run["chars"][1] and run["box"][1] <= y <= run["box"][3]
+    assert locs[ex.target.index("\n")] is None if "\n" in ex.target else True  # line breaks are not drawn
+    assert sum(loc is not None for loc in locs) > 0.5 * len(ex.target)
+
+
+def test_reading_targets_point_at_the_cell_of_the_next_token(tiny, examples):
+    _, proc = tiny
+    batch = make_batch(proc, examples)
+    where = reading_targets(proc, examples, batch)
+    image_id = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
+    for b, ex in enumerate(examples):
+        q = (where[b] >= 0).nonzero().flatten()
+        assert len(q) > 0
+        assert (batch["labels"][b, q + 1] != -100).all()  # only answer tokens are read
+        assert (batch["input_ids"][b, where[b, q]] == image_id).all()  # ... from image tokens
+        # The first answer token that is drawn: its cell is the one under its first drawn character.
+        q0 = int(q[0])
+        tok = proc.tokenizer.decode(batch["input_ids"][b, q0 + 1])
+        locs = char_locations(ex, ex.target)
+        first = next(i for i, loc in enumerate(locs) if loc is not None)
+        assert ex.target[first:].startswith(tok.strip()[:1])
+        x, y = locs[first]
+        _, _, gw = batch["image_grid_thw"][b].tolist()
+        cell = int(y) // (PATCH * MERGE) * (gw // MERGE) + int(x) // (PATCH * MERGE)
+        image_pos = (batch["input_ids"][b] == image_id).nonzero().flatten()
+        assert int(where[b, q0]) == int(image_pos[cell])

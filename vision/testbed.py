@@ -30,7 +30,8 @@ import torch
 from mmspec.demo import build_qwen2vl, train_tokenizer
 from mmspec.workloads import get_workload
 
-__all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "train_target", "evaluate",
+__all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
+           "reading_targets", "train_target", "evaluate", "export_target", "bundled_target", "bundled_eagle",
            "CHARSET"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -101,6 +102,90 @@ def aux_targets(example, grid_hw: tuple[int, int]) -> torch.Tensor:
     return out
 
 
+def char_locations(example, text: str) -> list:
+    """Where each character of ``text`` (an answer) was drawn: ``(x, y)`` centres in pixels, or ``None``.
+
+    Drawn runs are matched longest first to the first free occurrence in ``text``; markup (``#``, ``|``,
+    bullets) and characters not drawn (a caption's own words) stay ``None``.
+
+    Example:
+        >>> from mmspec.workloads import get_workload
+        >>> ex = get_workload("charts", char_boxes=True).example("test", 1)
+        >>> locs = char_locations(ex, ex.target)
+        >>> sum(loc is not None for loc in locs) > 0
+        True
+    """
+    locs: list = [None] * len(text)
+    for run in sorted(example.meta.get("runs", []), key=lambda r: -len(r["text"])):
+        word = run["text"]
+        x0, y0, x1, y1 = run["box"]
+        xs = run.get("chars")
+        if not word.strip():
+            continue
+        start = text.find(word)
+        while start >= 0 and any(locs[j] is not None for j in range(start, start + len(word))):
+            start = text.find(word, start + 1)
+        if start < 0:
+            continue
+        for c in range(len(word)):
+            x = (xs[c] + xs[c + 1]) / 2 if xs and len(xs) == len(word) + 1 else (x0 + x1) / 2
+            locs[start + c] = (x, (y0 + y1) / 2)
+    return locs
+
+
+def reading_targets(processor, examples, batch: dict) -> torch.Tensor:
+    """``[batch, seq]`` index of the image token that shows the *next* answer token (``-1`` where none).
+
+    Position ``q`` predicts token ``q + 1``; the target is the merged vision token under that token's first
+    drawn character. Used to supervise one attention head per reading layer while the testbed target trains
+    (see :func:`train_target`), so the text model learns where to look long before it would by itself.
+    """
+    tok = processor.tokenizer
+    ids = batch["input_ids"]
+    out = torch.full(ids.shape, -1, dtype=torch.long)
+    grids = batch["image_grid_thw"].tolist()
+    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    prompts = _chat_prompts(processor, examples)
+    k = 0
+    for b, ex in enumerate(examples):
+        n_img = len(ex.images)
+        if n_img != 1:
+            k += n_img
+            continue
+        _, gh, gw = grids[k]
+        k += 1
+        # Tokenise as in the batch (the answer follows the prompt; BPE merges across the seam differ otherwise).
+        prompt = prompts[b]
+        enc = tok(prompt + ex.target, add_special_tokens=False, return_offsets_mapping=True)
+        first = next(i for i, (c0, _) in enumerate(enc["offset_mapping"]) if c0 >= len(prompt))
+        answer = torch.tensor(enc["input_ids"][first:])
+        offsets = [(c0 - len(prompt), c1 - len(prompt)) for c0, c1 in enc["offset_mapping"][first:]]
+        labels = batch["labels"][b]
+        starts = (labels != -100).nonzero()
+        if not len(starts):
+            continue
+        a0 = int(starts[0])
+        if a0 + len(answer) > ids.shape[1] or not torch.equal(ids[b, a0:a0 + len(answer)], answer):
+            continue  # the answer tokenised differently in context: no reading target for this example
+        image_pos = (ids[b] == image_id).nonzero().flatten()
+        locs = char_locations(ex, ex.target)
+        wm = gw // MERGE
+        for t, (c0, c1) in enumerate(offsets):
+            loc = next((locs[c] for c in range(c0, c1) if locs[c] is not None), None)
+            if loc is None:
+                continue
+            cell = int(loc[1]) // (PATCH * MERGE) * wm + int(loc[0]) // (PATCH * MERGE)
+            if 0 <= cell < len(image_pos) and a0 + t >= 1:
+                out[b, a0 + t - 1] = image_pos[cell]
+    return out
+
+
+def _chat_prompts(processor, examples) -> list[str]:
+    return [processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}] * len(ex.images) + [{"type": "text", "text": ex.prompt}]}],
+        add_generation_prompt=True) for ex in examples]
+
+
 def make_batch(processor, examples, train: bool = True) -> dict:
     """Processor inputs for ``examples`` (chat template, images), with ``labels`` on the answer only.
 
@@ -108,9 +193,7 @@ def make_batch(processor, examples, train: bool = True) -> dict:
     otherwise the prompt alone is returned, left-padded, ready for ``generate``.
     """
     tok = processor.tokenizer
-    prompts = [processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "image"}] * len(ex.images) + [{"type": "text", "text": ex.prompt}]}],
-        add_generation_prompt=True) for ex in examples]
+    prompts = _chat_prompts(processor, examples)
     images = [img for ex in examples for img in ex.images]
     if not train:
         tok.padding_side = "left"
@@ -145,6 +228,10 @@ class TargetTrainConfig:
     lr: float = 1e-3
     warmup: int = 100
     aux_weight: float = 1.0
+    read_weight: float = 0.5
+    read_layers: str = ""
+    locate_weight: float = 0.5
+    init: str = ""
     docs_fraction: float = 0.5
     save_every: int = 250
     seed: int = 0
@@ -163,6 +250,33 @@ class _Reader(torch.nn.Module):
 
     def forward(self, h):
         return self.proj(h).view(h.shape[0], MERGE * MERGE, len(CHARSET))
+
+
+class _Locator(torch.nn.Module):
+    """Row and column of each image token, read from the text model's first-layer output (training only).
+
+    Qwen2-VL's vision features carry no absolute position (2-D RoPE is relative), but the causal text model
+    can count along the raster order of the image tokens; this probe makes it do so early, so later layers
+    can address "the cell right of the one just read" (what :func:`reading_targets` supervises).
+    """
+
+    ROWS, COLS = 32, 32  # more than any workload image has (448 / 28 = 16 rows, 336 / 28 = 12 columns)
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, self.ROWS + self.COLS)
+
+    def loss(self, h, batch, image_id: int):
+        ids = batch["input_ids"]
+        out, k = [], 0
+        for b, (_, gh, gw) in enumerate(batch["image_grid_thw"].tolist()):
+            pos = (ids[b] == image_id).nonzero().flatten()
+            wm = gw // MERGE
+            cell = torch.arange(len(pos))
+            logits = self.proj(h[b, pos])
+            out.append(torch.nn.functional.cross_entropy(logits[:, :self.ROWS], (cell // wm).clamp(max=self.ROWS - 1))
+                       + torch.nn.functional.cross_entropy(logits[:, self.ROWS:], (cell % wm).clamp(max=self.COLS - 1)))
+        return torch.stack(out).mean()
 
 
 def _examples(cfg: TargetTrainConfig, step: int, workloads: dict) -> list:
@@ -187,9 +301,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     os.makedirs(cfg.out, exist_ok=True)
     state_path = os.path.join(cfg.out, "state.pt")
     resume = os.path.isfile(state_path) and os.path.isfile(os.path.join(cfg.out, "model.safetensors"))
-    if resume:
-        model = Qwen2VLForConditionalGeneration.from_pretrained(cfg.out)
-        processor = AutoProcessor.from_pretrained(cfg.out)
+    if resume or cfg.init:
+        src = cfg.out if resume else cfg.init
+        model = Qwen2VLForConditionalGeneration.from_pretrained(src)
+        processor = AutoProcessor.from_pretrained(src)
     else:
         model, processor = build_target(cfg.size, cfg.tokenizer_texts, cfg.vocab_size, seed=cfg.seed)
     workloads = {name: get_workload(name, char_boxes=True, **cfg.workload_options.get(name, {}))
@@ -198,17 +313,33 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     params = list(model.parameters()) + list(reader.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     start = 0
+    locator = _Locator(model.config.text_config.hidden_size)
+    loc_opt = torch.optim.AdamW(locator.parameters(), lr=cfg.lr)
     if resume:
         saved = torch.load(state_path, weights_only=True)
         opt.load_state_dict(saved["optimizer"])
         reader.load_state_dict(saved["reader"])
+        if "locator" in saved:
+            locator.load_state_dict(saved["locator"])
+            loc_opt.load_state_dict(saved["locator_optimizer"])
         start = int(saved["step"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (
         1 + math.cos(math.pi * min(1.0, s / max(1, cfg.steps)))))
     for _ in range(start):
         sched.step()
     captured = {}
-    hook = model.model.visual.register_forward_hook(lambda m, a, out: captured.__setitem__("h", out.pooler_output))
+    hooks = [model.model.visual.register_forward_hook(lambda m, a, out: captured.__setitem__("h", out.pooler_output))]
+    read_layers = _read_layers(cfg, model.config.text_config.num_hidden_layers)
+    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    if cfg.locate_weight:
+        hooks.append(model.model.language_model.layers[0].register_forward_hook(
+            lambda m, a, out: captured.__setitem__("layer0", out[0] if isinstance(out, tuple) else out)))
+    if cfg.read_weight and read_layers:
+        # Attention probabilities come out of the eager kernel only; the saved config goes back to sdpa.
+        model.set_attn_implementation({"text_config": "eager"})
+        for li in read_layers:
+            hooks.append(model.model.language_model.layers[li].self_attn.register_forward_hook(
+                lambda m, a, out, li=li: captured.__setitem__(("attn", li), out[1])))
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     if os.path.isfile(log_path):  # a killed job may have logged steps past its last checkpoint: drop them
         with open(log_path) as f:
@@ -228,33 +359,60 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             aux_logits = reader(captured["h"])
             aux = torch.nn.functional.binary_cross_entropy_with_logits(aux_logits, aux_y, pos_weight=torch.tensor(8.0))
             loss = out.loss + cfg.aux_weight * aux
+            read = torch.zeros(())
+            if cfg.read_weight and read_layers:
+                where = reading_targets(processor, examples, batch)
+                b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
+                if len(b_idx):
+                    # Head 0 of each reading layer must put its attention on the image token being read.
+                    read = torch.stack([-torch.log(captured[("attn", li)][b_idx, 0, q_idx, where[b_idx, q_idx]] + 1e-6)
+                                        .mean() for li in read_layers]).mean()
+                    loss = loss + cfg.read_weight * read
+            locate = locator.loss(captured["layer0"], batch, image_id) if cfg.locate_weight else torch.zeros(())
+            loss = loss + cfg.locate_weight * locate
             opt.zero_grad(set_to_none=True)
+            loc_opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            loc_opt.step()
             sched.step()
             rec = {"step": step + 1, "lm_loss": round(out.loss.item(), 4), "aux_loss": round(aux.item(), 4),
+                   "read_loss": round(read.item(), 4), "locate_loss": round(locate.item(), 4),
                    "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
-            bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"])
+            bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], read=rec["read_loss"], loc=rec["locate_loss"])
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                _save(model, processor, reader, opt, step + 1, cfg)
+                _save(model, processor, reader, opt, step + 1, cfg, locator, loc_opt)
     finally:
-        hook.remove()
+        for h in hooks:
+            h.remove()
+        model.set_attn_implementation({"text_config": "sdpa"})
     model.eval()
     return cfg.out
 
 
-def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig) -> None:
+def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig, locator, loc_opt) -> None:
     """Checkpoint atomically enough for a killed job: weights first, then the step that points at them."""
+    training_impl = model.config.text_config._attn_implementation
+    model.set_attn_implementation({"text_config": "sdpa"})
     model.save_pretrained(cfg.out)
+    model.set_attn_implementation({"text_config": training_impl})
     processor.save_pretrained(cfg.out)
     tmp = os.path.join(cfg.out, "state.pt.tmp")
-    torch.save({"optimizer": opt.state_dict(), "reader": reader.state_dict(), "step": step}, tmp)
+    torch.save({"optimizer": opt.state_dict(), "reader": reader.state_dict(), "step": step,
+                "locator": locator.state_dict(), "locator_optimizer": loc_opt.state_dict()}, tmp)
     os.replace(tmp, os.path.join(cfg.out, "state.pt"))
     with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
         json.dump(asdict(cfg), f, indent=2)
+
+
+def _read_layers(cfg: TargetTrainConfig, n_layers: int) -> list[int]:
+    """Layers whose head 0 is taught to read (default: the two middle layers)."""
+    if cfg.read_layers:
+        return [int(x) for x in cfg.read_layers.split(",")]
+    return [n_layers // 2 - 1, n_layers // 2] if n_layers >= 2 else [0]
 
 
 def _edit_distance(a: str, b: str) -> int:
@@ -296,6 +454,58 @@ def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int =
             "exact_by_regime": {k: v[0] / v[1] for k, v in by_regime.items()}}
 
 
+BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+TARGET_DIR = os.path.join(BUNDLED, "testbed-vlm")
+EAGLE_DIR = os.path.join(BUNDLED, "testbed-vlm-eagle")
+
+
+def bundled_target() -> str | None:
+    """The bundled trained testbed target's folder (``None`` if this install has none).
+
+    Example:
+        >>> bundled_target() is None or os.path.isfile(os.path.join(bundled_target(), "config.json"))
+        True
+    """
+    return TARGET_DIR if os.path.isfile(os.path.join(TARGET_DIR, "model.safetensors")) else None
+
+
+def bundled_eagle() -> str | None:
+    """The bundled EAGLE head trained for :func:`bundled_target` (``None`` if this install has none)."""
+    return EAGLE_DIR if os.path.isfile(os.path.join(EAGLE_DIR, "model.safetensors")) else None
+
+
+def export_target(src: str, out: str = TARGET_DIR, dtype=torch.bfloat16) -> str:
+    """Write the shippable copy of a trained target: weights stored in ``dtype`` (half the bytes of float32),
+    ``config.json`` saying float32 so ``from_pretrained`` upcasts, and the training log and config beside it.
+
+    The bundled target *is* this rounded model: drafters are trained against it, not against ``src``.
+
+    Example:
+        >>> export_target(".mmspec_cache/testbed-read", "/tmp/testbed-vlm")                # doctest: +SKIP
+    """
+    import shutil
+
+    from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
+    processor = AutoProcessor.from_pretrained(src)
+    os.makedirs(out, exist_ok=True)
+    model.to(dtype).save_pretrained(out)
+    processor.save_pretrained(out)
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    for sub in (config, config.get("text_config", {}), config.get("vision_config", {})):
+        if "dtype" in sub:
+            sub["dtype"] = "float32"
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    for name in ("train_log.jsonl", "train_config.json"):
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), os.path.join(out, name))
+    return out
+
+
 def main(argv=None) -> int:
     """``python -m mmspec.vision.testbed train|eval ...``: train or evaluate the testbed target."""
     import argparse
@@ -306,8 +516,11 @@ def main(argv=None) -> int:
     for name, value in asdict(TargetTrainConfig()).items():
         if not isinstance(value, dict):
             t.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    x = sub.add_parser("export")
+    x.add_argument("--model", required=True)
+    x.add_argument("--out", default=TARGET_DIR)
     e = sub.add_parser("eval")
-    e.add_argument("--model", required=True)
+    e.add_argument("--model", default=None, help="default: the bundled target")
     e.add_argument("--n", type=int, default=20)
     e.add_argument("--max-new-tokens", type=int, default=256)
     args = p.parse_args(argv)
@@ -315,6 +528,10 @@ def main(argv=None) -> int:
         cfg = TargetTrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"})
         train_target(cfg)
         return 0
+    if args.cmd == "export":
+        print(export_target(args.model, args.out))
+        return 0
+    args.model = args.model or bundled_target()
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(args.model).eval()

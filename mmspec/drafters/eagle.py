@@ -16,15 +16,13 @@ through the target's fused states at the image positions, so the same head serve
 The input embedding and the LM head are copies of the target's (frozen), so a saved head is
 self-contained; the fingerprint check guarantees it is only loaded against the same target.
 
-Run-time state, per original batch row: the fused features of the committed sequence (all but the pending
-token), keeping the last ``window`` of them. After prefill they are the prompt positions of ``ctx.hidden``;
-after a round, the root and the accepted nodes of that verify pass, which arrive in the *next*
-``ctx.hidden`` (index 0 is the root, node ``i`` is index ``1 + i``), so :meth:`EagleDrafter.observe` only
-records the accepted paths and :meth:`EagleDrafter.propose` ingests them.
-
-Correctness over speed: every draft step recomputes the head over a sliding window of the last ``window``
-committed positions plus the drafts so far, with no KV cache. It is one small layer, so this costs little
-next to a target pass, but a cached version is the obvious next step for long windows.
+Run-time state, per original batch row: the head's keys/values of every committed position (its KV cache)
+and the target features that arrived but have not been run through the head yet. Input ``i`` needs the
+feature ``f_{i-1}``, so after prefill positions ``0..P`` (the pending token included) are computable; after a
+round the root and the accepted nodes of that verify pass arrive in the *next* ``ctx.hidden`` (index 0 is
+the root, node ``i`` is index ``1 + i``): :meth:`EagleDrafter.observe` records the accepted paths and
+:meth:`EagleDrafter.propose` ingests them, runs the head once over the new positions (appending to the
+cache) and then drafts against the cache: a chain, or EAGLE-2's dynamic tree (``topk > 1``).
 
 Example:
     >>> drafter = EagleDrafter.from_target(model)                                  # doctest: +SKIP
@@ -86,7 +84,7 @@ def _rope(x, pos, theta: float):
 
 
 class _Block(nn.Module):
-    """One Llama-style pre-norm decoder layer with an explicit boolean mask ``allowed[B, T, T]``."""
+    """One Llama-style pre-norm decoder layer; attention over optional cached keys/values (RoPE applied)."""
 
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, theta: float):
         super().__init__()
@@ -103,17 +101,21 @@ class _Block(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x, pos, allowed):
+    def forward(self, x, pos, allowed, past_k=None, past_v=None):
+        """``x[B, T, H]`` at ``pos[B, T]``; ``allowed[B, T, P + T]`` over ``P`` cached keys then the ``T`` new
+        ones. Returns ``(out[B, T, H], k[B, h, T, d], v[B, h, T, d])`` (the new keys/values, RoPE applied)."""
         B, T, H = x.shape
         h = self.input_layernorm(x)
         split = lambda t: t.view(B, T, self.heads, H // self.heads).transpose(1, 2)  # noqa: E731
         q = _rope(split(self.q_proj(h)), pos, self.theta)
         k = _rope(split(self.k_proj(h)), pos, self.theta)
         v = split(self.v_proj(h))
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+        vals = v if past_v is None else torch.cat([past_v, v], dim=2)
+        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=allowed[:, None])
         x = x + self.o_proj(att.transpose(1, 2).reshape(B, T, H))
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), k, v
 
 
 class EagleDrafter(TrainableDrafter):
@@ -122,8 +124,9 @@ class EagleDrafter(TrainableDrafter):
     Args:
         hidden_size, vocab_size: the target's text hidden size and output vocabulary.
         layer_ids: three indices into the target's ``hidden_states`` tuple (low, mid, high).
-        num_draft_tokens: chain depth per round.
-        window: committed positions the head recomputes over each step (its context).
+        num_draft_tokens: draft depth per round.
+        topk: branching of the dynamic tree (1: a chain).
+        tree_nodes: nodes kept in the final tree (``None``: ``num_draft_tokens * topk``).
         num_heads, intermediate_size, rms_eps, rope_theta: the decoder layer's shape.
         fingerprint: the target's fingerprint (set by :meth:`from_target` / ``from_pretrained``).
     """
@@ -131,13 +134,16 @@ class EagleDrafter(TrainableDrafter):
     kind = "eagle"
 
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1, 1, 1), num_draft_tokens: int = 4,
-                 window: int = 64, num_heads: int | None = None, intermediate_size: int | None = None,
-                 rms_eps: float = 1e-6, rope_theta: float = 10000.0, fingerprint: dict | None = None):
+                 topk: int = 1, tree_nodes: int | None = None, num_heads: int | None = None,
+                 intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
+                 fingerprint: dict | None = None):
         super().__init__(fingerprint=fingerprint)
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1 (got {num_draft_tokens})")
-        if window < 1:
-            raise ValueError(f"window must be >= 1 (got {window})")
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1 (got {topk})")
+        if tree_nodes is not None and tree_nodes < 1:
+            raise ValueError(f"tree_nodes must be >= 1 (got {tree_nodes})")
         if len(layer_ids) != 3:
             raise ValueError(f"layer_ids must name three target layers (got {layer_ids!r})")
         H = int(hidden_size)
@@ -145,7 +151,8 @@ class EagleDrafter(TrainableDrafter):
             num_heads = next(h for h in (8, 4, 2, 1) if H % h == 0 and H // h >= 8 or h == 1)
         self.hidden_size, self.vocab_size = H, int(vocab_size)
         self.layer_ids = tuple(int(i) for i in layer_ids)
-        self.num_draft_tokens, self.window = int(num_draft_tokens), int(window)
+        self.num_draft_tokens, self.topk = int(num_draft_tokens), int(topk)
+        self.tree_nodes = None if tree_nodes is None else int(tree_nodes)
         self.num_heads = int(num_heads)
         self.intermediate_size = int(intermediate_size or 2 * H)
         self.rms_eps, self.rope_theta = float(rms_eps), float(rope_theta)
@@ -167,8 +174,9 @@ class EagleDrafter(TrainableDrafter):
 
     def config_dict(self) -> dict:
         return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "layer_ids": list(self.layer_ids),
-                "num_draft_tokens": self.num_draft_tokens, "window": self.window, "num_heads": self.num_heads,
-                "intermediate_size": self.intermediate_size, "rms_eps": self.rms_eps, "rope_theta": self.rope_theta}
+                "num_draft_tokens": self.num_draft_tokens, "topk": self.topk, "tree_nodes": self.tree_nodes,
+                "num_heads": self.num_heads, "intermediate_size": self.intermediate_size, "rms_eps": self.rms_eps,
+                "rope_theta": self.rope_theta}
 
     @classmethod
     def from_target(cls, target, tokenizer=None, layer_ids=None, seed: int | None = None, **kw) -> "EagleDrafter":
@@ -209,25 +217,19 @@ class EagleDrafter(TrainableDrafter):
         x = torch.cat([h.to(self.fuse.weight.dtype) for h in per_layer], dim=-1)
         return self.fuse(self.fuse_norm(x))
 
-    def forward(self, tokens, features, positions, allowed):
+    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None):
         """Head pass: ``tokens[B, T]``, ``features[B, T, H]`` (feature of the previous position),
-        ``positions[B, T]``, ``allowed[B, T, T]`` -> ``(logits[B, T, V], hidden[B, T, H])``."""
+        ``positions[B, T]``, ``allowed[B, T, P + T]`` over ``P`` cached keys ``past_k/v[B, h, P, d]`` and the
+        new ones -> ``(logits[B, T, V], hidden[B, T, H], k, v)`` (``k, v``: the new positions' keys/values)."""
         x = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))
-        h = self.layer(x, positions, allowed)
-        return self.lm_head(self.norm(h)).float(), h
+        h, k, v = self.layer(x, positions, allowed, past_k, past_v)
+        return self.lm_head(self.norm(h)).float(), h, k, v
 
     # ------------------------------------------------------------------ run-time state
     def _reset_run(self):
-        self._feats = {}   # row -> fused features of the last `window` committed positions [n, H]
-        self._nfeat = {}   # row -> how many committed positions have features (len(sequence) - 1)
+        self._k, self._v = {}, {}  # row -> keys/values of committed positions 0..c-1, [heads, c, d]
+        self._todo = {}  # row -> target features f_{c-1}..f_{n-1} not yet run through the head, [m, H]
         self._paths = None  # row -> accepted path of the last verify pass, ingested at the next propose
-        self._drafted = None
-
-    def _append(self, row: int, feats: torch.Tensor) -> None:
-        old = self._feats.get(row)
-        cat = feats if old is None else torch.cat([old, feats], dim=0)
-        self._feats[row] = cat[-self.window :]
-        self._nfeat[row] = self._nfeat.get(row, 0) + feats.shape[0]
 
     def _ctx_layers(self, ctx: DraftContext) -> list:
         missing = [i for i in self.layer_ids if i not in ctx.hidden]
@@ -240,8 +242,11 @@ class EagleDrafter(TrainableDrafter):
     def begin(self, ctx: DraftContext) -> None:
         self._reset_run()
         fused = self.fuse_features(self._ctx_layers(ctx))  # [B, P_padded, H], prompts right-aligned
+        H, hd = self.hidden_size, self.hidden_size // self.num_heads
         for b, (r, plen) in enumerate(zip(ctx.rows, ctx.prompt_lengths)):
-            self._append(r, fused[b, fused.shape[1] - plen :])
+            zero = torch.zeros(1, H, device=fused.device, dtype=fused.dtype)  # f_{-1}: position 0 has no feature
+            self._todo[r] = torch.cat([zero, fused[b, fused.shape[1] - plen:]], dim=0)
+            self._k[r] = self._v[r] = fused.new_zeros(self.num_heads, 0, hd)
 
     @torch.no_grad()
     def _ingest(self, ctx: DraftContext) -> None:
@@ -250,65 +255,142 @@ class EagleDrafter(TrainableDrafter):
         fused = self.fuse_features(self._ctx_layers(ctx))  # [B, 1 + nodes, H]: root, then tree nodes
         for b, r in enumerate(ctx.rows):
             idx = torch.tensor([0] + [1 + int(i) for i in self._paths[r]], device=fused.device)
-            self._append(r, fused[b, idx])
+            self._todo[r] = torch.cat([self._todo[r], fused[b, idx]], dim=0)
         self._paths = None
-        for r in [r for r in self._feats if r not in set(ctx.rows)]:  # rows that left the batch
-            del self._feats[r], self._nfeat[r]
+        for r in [r for r in self._k if r not in set(ctx.rows)]:  # rows that left the batch
+            del self._k[r], self._v[r], self._todo[r]
 
-    def _pick(self, logits: torch.Tensor, ctx: DraftContext):
-        if not ctx.do_sample:
-            return logits.argmax(-1), None
+    @torch.no_grad()
+    def _extend_cache(self, ctx: DraftContext):
+        """Run the head over each row's committed positions not yet cached (``c..n``, the pending token
+        last), append their keys/values, and return the padded cache ``(k, v, valid)`` plus the pending
+        position's logits ``[B, V]``, hidden state ``[B, H]`` and position ``[B]``."""
+        dev, dtype = self.fuse.weight.device, self.fuse.weight.dtype
+        B, H, hd = len(ctx.rows), self.hidden_size, self.hidden_size // self.num_heads
+        news = []
+        for r, seq in zip(ctx.rows, ctx.sequences):
+            n, c = len(seq) - 1, self._k[r].shape[1]
+            if self._todo[r].shape[0] != n - c + 1:
+                raise RuntimeError(f"eagle drafter lost track of row {r}: {self._todo[r].shape[0]} features for "
+                                   f"{n - c + 1} uncached positions")
+            news.append((torch.as_tensor(seq[c:].copy(), device=dev), c))
+        U = max(len(t) for t, _ in news)
+        P = max(self._k[r].shape[1] for r in ctx.rows)
+        tok = torch.zeros(B, U, dtype=torch.long, device=dev)
+        feat = torch.zeros(B, U, H, dtype=dtype, device=dev)
+        pos = torch.zeros(B, U, dtype=torch.long, device=dev)
+        new_valid = torch.zeros(B, U, dtype=torch.bool, device=dev)
+        pk = torch.zeros(B, self.num_heads, P, hd, dtype=dtype, device=dev)
+        pv = torch.zeros_like(pk)
+        past_valid = torch.zeros(B, P, dtype=torch.bool, device=dev)
+        for b, (r, (t, c)) in enumerate(zip(ctx.rows, news)):  # right-align: the pending token is last
+            u = len(t)
+            tok[b, U - u:], feat[b, U - u:], new_valid[b, U - u:] = t, self._todo[r], True
+            pos[b] = torch.arange(c + u - U, c + u, device=dev).clamp(min=0)
+            if c:
+                pk[b, :, P - c:], pv[b, :, P - c:], past_valid[b, P - c:] = self._k[r], self._v[r], True
+        eye = torch.eye(U, dtype=torch.bool, device=dev)[None]
+        allowed = torch.cat([past_valid[:, None, :].expand(B, U, P),
+                             torch.ones(U, U, dtype=torch.bool, device=dev).tril()[None] & new_valid[:, None, :] | eye],
+                            dim=2)
+        logits, hid, k, v = self(tok, feat, pos, allowed, pk, pv)
+        for b, (r, (t, _)) in enumerate(zip(ctx.rows, news)):
+            u = len(t)
+            self._k[r] = torch.cat([self._k[r], k[b, :, U - u:]], dim=1)
+            self._v[r] = torch.cat([self._v[r], v[b, :, U - u:]], dim=1)
+            self._todo[r] = self._todo[r][:0]
+        cache = (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), torch.cat([past_valid, new_valid], dim=1))
+        return cache, logits[:, -1], hid[:, -1], pos[:, -1]
+
+    def _sample(self, logits: torch.Tensor, ctx: DraftContext):
         probs = torch.softmax(logits, dim=-1)
         gen = ctx.generator
         dev = gen.device if gen is not None else probs.device
-        tok = torch.multinomial(probs.to(dev), 1, generator=gen).squeeze(-1).to(logits.device)
-        return tok, probs
+        shape = probs.shape
+        tok = torch.multinomial(probs.reshape(-1, shape[-1]).to(dev), 1, generator=gen).view(shape[:-1])
+        return tok.to(logits.device), probs
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> list[DraftTree]:
+        """Cache the newly committed positions, then grow a tree of depth ``num_draft_tokens``: at each depth
+        the ``topk`` best nodes by cumulative log-probability are run through the head and each gets its
+        ``topk`` best children; the ``tree_nodes`` best nodes overall form the tree (EAGLE-2's dynamic tree).
+        With ``topk == 1`` it is a chain, sampled from the head's softmax (``q`` attached) when the target
+        samples; wider trees are deterministic proposals under both modes."""
         self._ingest(ctx)
-        dev = self.fuse.weight.device
-        dtype = self.fuse.weight.dtype
-        B, H = len(ctx.rows), self.hidden_size
-        # Window per row: tokens x_{n-m+1..n} (n = pending) with features f_{n-m..n-1} (zero before position 0).
-        toks, feats, poss = [], [], []
-        for r, seq in zip(ctx.rows, ctx.sequences):
-            n = len(seq) - 1
-            if self._nfeat.get(r) != n:
-                raise RuntimeError(f"eagle drafter lost track of row {r}: {self._nfeat.get(r)} features for "
-                                   f"{n} committed positions")
-            m = min(self.window, n + 1)
-            f = self._feats[r][-m:] if m <= n else torch.cat([torch.zeros(1, H, device=dev, dtype=dtype),
-                                                               self._feats[r]], 0)
-            toks.append(torch.as_tensor(seq[n + 1 - m :].copy(), device=dev))
-            feats.append(f)
-            poss.append(torch.arange(n + 1 - m, n + 1, device=dev))
+        (ck, cv, cvalid), root_logits, root_hid, root_pos = self._extend_cache(ctx)
+        B, K, dev = len(ctx.rows), self.topk, root_logits.device
         depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
-        T = max(len(t) for t in toks)
-        tok_b = torch.zeros(B, T + depth - 1, dtype=torch.long, device=dev)
-        feat_b = torch.zeros(B, T + depth - 1, H, dtype=dtype, device=dev)
-        pos_b = torch.zeros(B, T + depth - 1, dtype=torch.long, device=dev)
-        valid = torch.zeros(B, T + depth - 1, dtype=torch.bool, device=dev)
-        for b in range(B):  # left-pad the windows; drafts go to the right
-            k = len(toks[b])
-            tok_b[b, T - k : T], feat_b[b, T - k : T], pos_b[b, T - k : T] = toks[b], feats[b], poss[b]
-            valid[b, T - k :] = True
-            pos_b[b, T:] = poss[b][-1] + torch.arange(1, depth, device=dev)
-        drafted, qs = [], []
-        for step in range(depth):
-            L = T + step
-            causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-            allowed = (causal[None] & valid[:, None, :L]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
-            logits, hid = self(tok_b[:, :L], feat_b[:, :L], pos_b[:, :L], allowed)
-            tok, probs = self._pick(logits[:, -1], ctx)
-            drafted.append(tok)
-            qs.append(probs)
-            if step + 1 < depth:  # next step: the draft with the head's own output as its feature
-                tok_b[:, L], feat_b[:, L] = tok, hid[:, -1]
-        toks_out = torch.stack(drafted, dim=1).tolist()
-        q = None if qs[0] is None else torch.stack(qs, dim=1)
-        self._drafted = toks_out
-        return [DraftTree.from_chain(toks_out[i], None if q is None else q[i]) for i in range(B)]
+        sample_chain = ctx.do_sample and K == 1
+        # Candidates, per row: token, cumulative log-probability, parent candidate (-1: the root), depth.
+        if sample_chain:
+            tok, q = self._sample(root_logits, ctx)
+            toks, scores, qs = [tok[:, None]], [torch.zeros(B, 1, device=dev)], [q[:, None]]
+        else:
+            top = torch.log_softmax(root_logits, -1).topk(K, dim=-1)
+            toks, scores, qs = [top.indices], [top.values], []
+        parents = [torch.full((B, toks[0].shape[1]), -1, dtype=torch.long, device=dev)]
+        depths = [torch.zeros_like(parents[0])]
+        fwd = torch.arange(toks[0].shape[1], device=dev)[None].expand(B, -1)  # candidates run at this depth
+        fwd_feat = root_hid[:, None].expand(-1, fwd.shape[1], -1)
+        fwd_score = scores[0]
+        tree_k, tree_v, anc = [], [], torch.zeros(B, fwd.shape[1], 0, dtype=torch.bool, device=dev)
+        n_cand = toks[0].shape[1]
+        all_tok = toks[0]
+        for d in range(1, depth):
+            W = fwd.shape[1]
+            allowed = torch.cat([cvalid[:, None, :].expand(B, W, -1), anc,
+                                 torch.eye(W, dtype=torch.bool, device=dev)[None].expand(B, W, W)], dim=2)
+            logits, hid, k, v = self(all_tok.gather(1, fwd), fwd_feat, (root_pos + d)[:, None].expand(B, W), allowed,
+                                     torch.cat([ck] + tree_k, dim=2), torch.cat([cv] + tree_v, dim=2))
+            tree_k.append(k)
+            tree_v.append(v)
+            if sample_chain:
+                tok, q = self._sample(logits[:, 0], ctx)
+                child_tok, child_score, qs = tok[:, None, None], fwd_score[:, :, None], qs + [q[:, None]]
+            else:
+                top = torch.log_softmax(logits, -1).topk(K, dim=-1)  # [B, W, K]
+                child_tok, child_score = top.indices, fwd_score[:, :, None] + top.values
+            child_parent = fwd[:, :, None].expand_as(child_tok)
+            flat_score = child_score.reshape(B, -1)
+            toks.append(child_tok.reshape(B, -1))
+            scores.append(flat_score)
+            parents.append(child_parent.reshape(B, -1))
+            depths.append(torch.full_like(parents[-1], d))
+            all_tok = torch.cat(toks, dim=1)
+            if d + 1 < depth:  # choose what runs next: the best K children (their parent slot is sel // K)
+                sel = flat_score.topk(min(K, flat_score.shape[1]), dim=-1).indices
+                slot = sel // child_tok.shape[2]
+                prev = torch.cat([anc, torch.eye(W, dtype=torch.bool, device=dev)[None].expand(B, W, W)], dim=2)
+                anc = prev.gather(1, slot[:, :, None].expand(-1, -1, prev.shape[2]))
+                fwd_feat = hid.gather(1, slot[:, :, None].expand(-1, -1, hid.shape[2]))
+                fwd_score = flat_score.gather(1, sel)
+                fwd = n_cand + sel
+            n_cand = all_tok.shape[1]
+        score = torch.cat(scores, dim=1)
+        parent = torch.cat(parents, dim=1)
+        dep = torch.cat(depths, dim=1)
+        q_all = torch.cat(qs, dim=1) if qs else None
+        n_keep = depth if K == 1 else min(self.tree_nodes or depth * K, n_cand)
+        # Best nodes first; a parent's cumulative score is never below its child's, and ties go to the shallower.
+        order = torch.argsort(score - dep.float() * 1e-6, dim=1, descending=True)[:, :n_keep]
+        return [self._tree(all_tok[b], parent[b], dep[b], order[b], None if q_all is None else q_all[b])
+                for b in range(B)]
+
+    @staticmethod
+    def _tree(tok, parent, dep, chosen, q) -> DraftTree:
+        """The chosen candidates (closed under ancestors) packed parents-first."""
+        parent_l, dep_l = parent.tolist(), dep.tolist()
+        keep = set(chosen.tolist())
+        for i in list(keep):
+            while parent_l[i] >= 0 and parent_l[i] not in keep:
+                keep.add(parent_l[i])
+                i = parent_l[i]
+        nodes = sorted(keep, key=lambda i: (dep_l[i], i))
+        where = {c: j for j, c in enumerate(nodes)}
+        idx = torch.tensor(nodes, device=tok.device)
+        return DraftTree(tok[idx].cpu().numpy(), [where.get(parent_l[c], -1) for c in nodes],
+                         None if q is None else q[idx])
 
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
         self._paths = {r: list(p) for r, p in zip(ctx.rows, result.paths)}
@@ -374,9 +456,13 @@ def collect_eagle_data(target, sequences, layer_ids, max_new_tokens: int = 32) -
     return [target_record(target, p, layer_ids, max_new_tokens) for p in sequences]
 
 
-def collate_eagle(records: list[dict]) -> dict:
+def collate_eagle(records: list[dict], response_only: bool = True) -> dict:
     """Right-pad records to ``tokens[B, T]``, ``labels[B, T]`` (-100 on padding), ``features[B, T, D]``,
-    ``valid[B, T]``. Accepts the older record form with ``layers`` (a list of ``[n, H]`` tensors) too."""
+    ``valid[B, T]``. Accepts the older record form with ``layers`` (a list of ``[n, H]`` tensors) too.
+
+    With ``response_only`` (and a ``prompt_len`` in the record) the loss keeps only positions from the last
+    prompt token on: the head is never asked to draft inside a prompt (for a VLM mostly image placeholders),
+    and the prompt still reaches it as attention context."""
     B, T = len(records), max(len(r["tokens"]) for r in records)
     feats = [r["features"] if "features" in r else torch.cat(list(r["layers"]), dim=-1) for r in records]
     D = feats[0].shape[-1]
@@ -387,6 +473,8 @@ def collate_eagle(records: list[dict]) -> dict:
     for b, (r, f) in enumerate(zip(records, feats)):
         n = len(r["tokens"])
         tok[b, :n], lab[b, :n], fea[b, :n], valid[b, :n] = r["tokens"], r["labels"], f.float(), True
+        if response_only and "prompt_len" in r:
+            lab[b, : max(0, int(r["prompt_len"]) - 1)] = -100
     return {"tokens": tok, "labels": lab, "features": fea, "valid": valid}
 
 
@@ -437,7 +525,8 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
     pos = torch.arange(T, device=dev)[None].expand(B, T)
     losses, accs = [], []
     for s in range(1, unroll + 1):
-        logits, hid = drafter(tok.repeat(1, s), torch.cat(feat_blocks, dim=1), pos.repeat(1, s), _unroll_mask(valid, s))
+        logits, hid, _, _ = drafter(tok.repeat(1, s), torch.cat(feat_blocks, dim=1), pos.repeat(1, s),
+                                    _unroll_mask(valid, s))
         lg = logits[:, (s - 1) * T:]
         lab_s = lab.clone()
         lab_s[:, : s - 1] = -100  # positions with no committed prefix for this draft depth
@@ -510,8 +599,9 @@ def train_eagle(target, tokenizer=None, sequences=(), steps: int = 300, *, draft
 
 def _eagle_factory(target_model, path=None, tokenizer=None, **options):
     """``"eagle:PATH"`` loads a saved head (checked against the target); ``"eagle"`` alone builds an
-    untrained one for the target (useful only for tests). ``num_draft_tokens`` / ``window`` override."""
-    run_opts = {k: options.pop(k) for k in ("num_draft_tokens", "window") if k in options}
+    untrained one for the target (useful only for tests). ``num_draft_tokens`` / ``topk`` / ``tree_nodes``
+    override the saved run-time shape (``{"kind": "eagle", "path": PATH, "topk": 4, "tree_nodes": 12}``)."""
+    run_opts = {k: options.pop(k) for k in ("num_draft_tokens", "topk", "tree_nodes") if k in options}
     if path:
         device = None
         if target_model is not None and target_model.device.type != "meta":

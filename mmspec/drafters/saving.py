@@ -107,8 +107,9 @@ class TrainableDrafter(torch.nn.Module, Drafter):
         if self.fingerprint:
             check_fingerprint(self.fingerprint, model)
 
-    def save_pretrained(self, path) -> None:
-        """Write ``config.json`` and ``model.safetensors`` under ``path`` (created if missing)."""
+    def save_pretrained(self, path, dtype=None) -> None:
+        """Write ``config.json`` and ``model.safetensors`` under ``path`` (created if missing); ``dtype``
+        (e.g. ``torch.bfloat16``) stores floating-point weights in that type (loading casts them back)."""
         from safetensors.torch import save_file
 
         os.makedirs(path, exist_ok=True)
@@ -116,7 +117,8 @@ class TrainableDrafter(torch.nn.Module, Drafter):
                   "format_version": 1}
         with open(os.path.join(path, CONFIG_NAME), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+                 for k, v in self.state_dict().items()}
         save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"drafter_kind": self.kind})
 
     @classmethod

@@ -133,6 +133,17 @@ class ChartsWorkload(SeededWorkload):
 
     name = "charts"
 
+    def bundled_model(self):
+        from ..testbed import bundled_target
+
+        return bundled_target()
+
+    def bundled_drafters(self):
+        from ..testbed import bundled_eagle
+
+        path = bundled_eagle()
+        return [f"eagle:{path}"] if path and self.bundled_model() else []
+
     def __init__(self, width: int = 336, height: int = 280, *, chart_types=CHART_TYPES, regimes=REGIMES,
                  max_categories: int = 7, fonts="auto", augment: bool = True, char_boxes: bool = False,
                  seed: int = 0):

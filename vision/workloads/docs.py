@@ -281,6 +281,17 @@ class DocsWorkload(SeededWorkload):
 
     name = "docs"
 
+    def bundled_model(self):
+        from ..testbed import bundled_target
+
+        return bundled_target()
+
+    def bundled_drafters(self):
+        from ..testbed import bundled_eagle
+
+        path = bundled_eagle()
+        return [f"eagle:{path}"] if path and self.bundled_model() else []
+
     def __init__(self, width: int = 336, height: int = 448, *, min_blocks: int = 2, max_blocks: int = 3,
                  mode: str = "mix", block_fraction: float = 0.3, font_sizes: tuple[int, int] = (11, 14),
                  fonts="auto", augment: bool = True, max_rotation: float = 1.0,
