@@ -96,3 +96,14 @@ def test_subprocess_json_and_exit_codes(tiny_vlm, image_file, tmp_path):
     data = json.loads(r.stdout.strip().splitlines()[-1])
     assert isinstance(data["text"], str) and data["stats"]["generated"] >= 1
     assert "mmspec: error: image file not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_demo_on_the_bundled_trained_target(capsys):
+    """`mmspec demo` (what `make demo` runs) on the trained target that ships with the repository."""
+    from mmspec.vision.testbed import bundled_target
+
+    if bundled_target() is None:
+        pytest.skip("no trained testbed target in this checkout")
+    assert main(["demo", "--max-new-tokens", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "equals model.generate (greedy): True" in out and "testbed-vlm" in out and "wall clock" in out

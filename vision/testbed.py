@@ -219,7 +219,14 @@ def make_batch(processor, examples, train: bool = True) -> dict:
 
 @dataclass
 class TargetTrainConfig:
-    """Hyper-parameters of :func:`train_target` (saved beside the checkpoint)."""
+    """Hyper-parameters of :func:`train_target` (saved beside the checkpoint).
+
+    ``aux_weight``: the vision tower's character reader; ``read_weight``: head 0 of ``read_layers`` (default
+    the two middle layers) must attend to the image token showing the next answer token; ``locate_weight``:
+    the first text layer must know each image token's row and column. ``init``: start from another
+    checkpoint's weights (fresh optimizer and schedule); ``stop_after``: end this run at that step while the
+    learning-rate schedule still spans ``steps`` (resume later to continue it).
+    """
 
     out: str = "testbed-target"
     size: str = "small"
@@ -232,6 +239,7 @@ class TargetTrainConfig:
     read_layers: str = ""
     locate_weight: float = 0.5
     init: str = ""
+    stop_after: int = 0
     docs_fraction: float = 0.5
     save_every: int = 250
     seed: int = 0
@@ -347,7 +355,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         with open(log_path, "w") as f:
             f.writelines(kept)
     model.train()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="target")
+    end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps  # the schedule still spans cfg.steps
+    bar = tqdm(range(start, end), initial=start, total=cfg.steps, disable=not progress, desc="target")
     try:
         for step in bar:
             t0 = time.perf_counter()
@@ -383,7 +392,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], read=rec["read_loss"], loc=rec["locate_loss"])
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            if (step + 1) % cfg.save_every == 0 or step + 1 == end:
                 _save(model, processor, reader, opt, step + 1, cfg, locator, loc_opt)
     finally:
         for h in hooks:

@@ -73,12 +73,9 @@ class _RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
-def _rope(x, pos, theta: float):
-    """Rotate-half RoPE on ``x[B, h, T, d]`` at integer positions ``pos[B, T]``."""
+def _rope(x, cos, sin):
+    """Rotate-half RoPE on ``x[B, h, T, d]`` with ``cos/sin[B, 1, T, d]``."""
     d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    ang = pos.float()[:, None, :, None] * inv  # [B, 1, T, d/2]
-    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -101,21 +98,53 @@ class _Block(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+    def _cos_sin(self, pos, d: int, dtype):
+        """``cos, sin[B, 1, T, d]`` for integer positions, from a table grown on demand (fewer ops per step)."""
+        need = int(pos.max()) + 1
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0].shape[0] < need or table[0].device != pos.device or table[0].dtype != dtype:
+            n = max(need, 2 * (0 if table is None else table[0].shape[0]), 256)
+            inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d))
+            ang = torch.arange(n, device=pos.device, dtype=torch.float32)[:, None] * inv
+            emb = torch.cat([ang, ang], -1)
+            table = (emb.cos().to(dtype), emb.sin().to(dtype))
+            self._rope_table = table
+        return table[0][pos][:, None], table[1][pos][:, None]
+
+    def _fused(self, names: tuple) -> torch.Tensor:
+        """The weights of several projections stacked, cached until any of them changes (inference only)."""
+        ws = [getattr(self, n).weight for n in names]
+        key = tuple((w.data_ptr(), w._version) for w in ws)
+        cache = self.__dict__.setdefault("_fused_cache", {})
+        hit = cache.get(names)
+        if hit is None or hit[0] != key:
+            hit = (key, torch.cat([w.detach() for w in ws], 0))
+            cache[names] = hit
+        return hit[1]
+
     def forward(self, x, pos, allowed, past_k=None, past_v=None):
         """``x[B, T, H]`` at ``pos[B, T]``; ``allowed[B, T, P + T]`` over ``P`` cached keys then the ``T`` new
-        ones. Returns ``(out[B, T, H], k[B, h, T, d], v[B, h, T, d])`` (the new keys/values, RoPE applied)."""
+        ones (``None``: every key). Returns ``(out[B, T, H], k[B, h, T, d], v[B, h, T, d])`` (the new
+        keys/values, RoPE applied)."""
         B, T, H = x.shape
         h = self.input_layernorm(x)
         split = lambda t: t.view(B, T, self.heads, H // self.heads).transpose(1, 2)  # noqa: E731
-        q = _rope(split(self.q_proj(h)), pos, self.theta)
-        k = _rope(split(self.k_proj(h)), pos, self.theta)
-        v = split(self.v_proj(h))
+        if torch.is_grad_enabled():
+            q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        else:  # one matmul instead of three: at one token per step the call overhead dominates
+            q, k, v = F.linear(h, self._fused(("q_proj", "k_proj", "v_proj"))).split(H, dim=-1)
+        cos, sin = self._cos_sin(pos, H // self.heads, x.dtype)
+        q, k, v = _rope(split(q), cos, sin), _rope(split(k), cos, sin), split(v)
         keys = k if past_k is None else torch.cat([past_k, k], dim=2)
         vals = v if past_v is None else torch.cat([past_v, v], dim=2)
-        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=allowed[:, None])
+        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=None if allowed is None else allowed[:, None])
         x = x + self.o_proj(att.transpose(1, 2).reshape(B, T, H))
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), k, v
+        if torch.is_grad_enabled():
+            gate, up = self.gate_proj(h), self.up_proj(h)
+        else:
+            gate, up = F.linear(h, self._fused(("gate_proj", "up_proj"))).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up), k, v
 
 
 class EagleDrafter(TrainableDrafter):
@@ -263,8 +292,9 @@ class EagleDrafter(TrainableDrafter):
     @torch.no_grad()
     def _extend_cache(self, ctx: DraftContext):
         """Run the head over each row's committed positions not yet cached (``c..n``, the pending token
-        last), append their keys/values, and return the padded cache ``(k, v, valid)`` plus the pending
-        position's logits ``[B, V]``, hidden state ``[B, H]`` and position ``[B]``."""
+        last), append their keys/values, and return the padded cache ``(k, v, valid)`` (``valid`` is
+        ``None`` when every key is real: one row) plus the pending position's logits ``[B, V]``, hidden
+        state ``[B, H]`` and position ``[B]``."""
         dev, dtype = self.fuse.weight.device, self.fuse.weight.dtype
         B, H, hd = len(ctx.rows), self.hidden_size, self.hidden_size // self.num_heads
         news = []
@@ -274,6 +304,17 @@ class EagleDrafter(TrainableDrafter):
                 raise RuntimeError(f"eagle drafter lost track of row {r}: {self._todo[r].shape[0]} features for "
                                    f"{n - c + 1} uncached positions")
             news.append((torch.as_tensor(seq[c:].copy(), device=dev), c))
+        if B == 1:  # no padding: the row's cache is the past as it is, and one new position needs no mask
+            (r,), ((tok, c),) = ctx.rows, news
+            u = len(tok)
+            pos = torch.arange(c, c + u, device=dev)[None]
+            allowed = None if u == 1 else torch.ones(u, c + u, dtype=torch.bool, device=dev).tril(c)[None]
+            logits, hid, k, v = self(tok[None], self._todo[r][None], pos, allowed, self._k[r][None], self._v[r][None])
+            self._k[r] = torch.cat([self._k[r], k[0]], dim=1)
+            self._v[r] = torch.cat([self._v[r], v[0]], dim=1)
+            self._todo[r] = self._todo[r][:0]
+            cache = (self._k[r][None], self._v[r][None], None)
+            return cache, logits[:, -1], hid[:, -1], pos[:, -1]
         U = max(len(t) for t, _ in news)
         P = max(self._k[r].shape[1] for r in ctx.rows)
         tok = torch.zeros(B, U, dtype=torch.long, device=dev)
@@ -326,6 +367,8 @@ class EagleDrafter(TrainableDrafter):
         if sample_chain:
             tok, q = self._sample(root_logits, ctx)
             toks, scores, qs = [tok[:, None]], [torch.zeros(B, 1, device=dev)], [q[:, None]]
+        elif K == 1:  # a greedy chain needs no scores: argmax is cheaper than log-softmax + top-k
+            toks, scores, qs = [root_logits.argmax(-1, keepdim=True)], [torch.zeros(B, 1, device=dev)], []
         else:
             top = torch.log_softmax(root_logits, -1).topk(K, dim=-1)
             toks, scores, qs = [top.indices], [top.values], []
@@ -337,10 +380,13 @@ class EagleDrafter(TrainableDrafter):
         tree_k, tree_v, anc = [], [], torch.zeros(B, fwd.shape[1], 0, dtype=torch.bool, device=dev)
         n_cand = toks[0].shape[1]
         all_tok = toks[0]
+        if cvalid is None:
+            cvalid = torch.ones(B, ck.shape[2], dtype=torch.bool, device=dev)
         for d in range(1, depth):
             W = fwd.shape[1]
-            allowed = torch.cat([cvalid[:, None, :].expand(B, W, -1), anc,
-                                 torch.eye(W, dtype=torch.bool, device=dev)[None].expand(B, W, W)], dim=2)
+            allowed = None if (B == 1 and K == 1) else torch.cat(  # one chain row sees every key
+                [cvalid[:, None, :].expand(B, W, -1), anc, torch.eye(W, dtype=torch.bool, device=dev)[None].expand(B, W, W)],
+                dim=2)
             logits, hid, k, v = self(all_tok.gather(1, fwd), fwd_feat, (root_pos + d)[:, None].expand(B, W), allowed,
                                      torch.cat([ck] + tree_k, dim=2), torch.cat([cv] + tree_v, dim=2))
             tree_k.append(k)
@@ -348,6 +394,8 @@ class EagleDrafter(TrainableDrafter):
             if sample_chain:
                 tok, q = self._sample(logits[:, 0], ctx)
                 child_tok, child_score, qs = tok[:, None, None], fwd_score[:, :, None], qs + [q[:, None]]
+            elif K == 1:
+                child_tok, child_score = logits.argmax(-1, keepdim=True), fwd_score[:, :, None]
             else:
                 top = torch.log_softmax(logits, -1).topk(K, dim=-1)  # [B, W, K]
                 child_tok, child_score = top.indices, fwd_score[:, :, None] + top.values
