@@ -241,3 +241,25 @@ def test_tree_not_worse_than_chain_and_qwen2_vl(perm):
         trained.topk, trained.tree_nodes = 1, None
     print(f"tau chain {chain:.2f} tree {tree:.2f}")
     assert tree >= chain - 0.05, (chain, tree)
+
+
+def test_unroll_from_the_answer_start_equals_the_full_unroll():
+    """Training-time test unrolled only from the first labelled position gives the same losses as the full
+    unroll (labels before it are masked either way): the prompt is skipped, nothing else changes."""
+    from mmspec.drafters.eagle import eagle_unroll_loss
+
+    target = _tiny_text.model(200, hidden=48, layers=2, seed=2)
+    head = EagleDrafter.from_target(target, seed=0)
+    g = torch.Generator().manual_seed(0)
+    B, T, P = 3, 20, 9
+    batch = {"tokens": torch.randint(3, 200, (B, T), generator=g),
+             "labels": torch.randint(3, 200, (B, T), generator=g),
+             "features": torch.randn(B, T, 3 * 48, generator=g),
+             "valid": torch.ones(B, T, dtype=torch.bool)}
+    batch["valid"][2, -4:] = False
+    batch["labels"][2, -4:] = -100
+    batch["labels"][:, : P + 3] = -100  # what neither version may score
+    with torch.no_grad():
+        full, acc_full = eagle_unroll_loss(head, {**batch, "start": 0}, unroll=4)
+        part, acc_part = eagle_unroll_loss(head, {**batch, "start": P}, unroll=4)
+    assert torch.allclose(full, part, atol=1e-5) and torch.allclose(acc_full, acc_part)

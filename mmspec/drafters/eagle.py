@@ -518,16 +518,21 @@ def collate_eagle(records: list[dict], response_only: bool = True) -> dict:
     lab = torch.full((B, T), -100, dtype=torch.long)
     fea = torch.zeros(B, T, D, dtype=torch.float32)
     valid = torch.zeros(B, T, dtype=torch.bool)
+    starts = []
     for b, (r, f) in enumerate(zip(records, feats)):
         n = len(r["tokens"])
         tok[b, :n], lab[b, :n], fea[b, :n], valid[b, :n] = r["tokens"], r["labels"], f.float(), True
         if response_only and "prompt_len" in r:
             lab[b, : max(0, int(r["prompt_len"]) - 1)] = -100
-    return {"tokens": tok, "labels": lab, "features": fea, "valid": valid}
+            starts.append(max(0, int(r["prompt_len"]) - 1))
+        else:
+            starts.append(0)
+    return {"tokens": tok, "labels": lab, "features": fea, "valid": valid, "start": min(starts)}
 
 
-def _unroll_mask(valid: torch.Tensor, s: int) -> torch.Tensor:
-    """Attention mask ``[B, sT, sT]`` over ``s`` stacked copies (unroll steps) of a length-``T`` window.
+def _unroll_mask(valid: torch.Tensor, s: int, start: int = 0) -> torch.Tensor:
+    """Attention mask over ``s`` stacked unroll steps: block 1 holds positions ``0..T-1``, blocks ``2..s``
+    positions ``start..T-1`` (drafts are only trained where answers are, so the prompt is not unrolled).
 
     Block 1 is ordinary causal attention over target features. Block ``a >= 2`` at position ``j`` stands for
     the ``(a-1)``-th draft after the committed prefix ``<= j-a+1``: it sees block 1 up to ``j-a+1``, block
@@ -535,21 +540,23 @@ def _unroll_mask(valid: torch.Tensor, s: int) -> torch.Tensor:
     head sees at draft step ``a`` at run time (EAGLE's training-time test)."""
     B, T = valid.shape
     dev = valid.device
-    j = torch.arange(T, device=dev)
+    pos = [torch.arange(T, device=dev)] + [torch.arange(start, T, device=dev)] * (s - 1)
     rows = []
     for a in range(1, s + 1):
+        q = pos[a - 1][:, None]
         cols = []
         for b in range(1, s + 1):
+            k = pos[b - 1][None, :]
             if b == 1:
-                m = (j[None, :] <= j[:, None] - (a - 1))[None] & valid[:, None, :]
+                m = (k <= q - (a - 1))[None] & valid[:, None, :]
+                if a == 1:
+                    m = m | (k == q)[None]
             elif b < a:
-                m = (j[None, :] == j[:, None] - a + b)[None].expand(B, T, T)
+                m = (k == q - a + b)[None].expand(B, -1, -1)
             elif b == a:
-                m = torch.eye(T, dtype=torch.bool, device=dev)[None].expand(B, T, T)
+                m = (k == q)[None].expand(B, -1, -1)
             else:
-                m = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
-            if a == 1 and b == 1:
-                m = m | torch.eye(T, dtype=torch.bool, device=dev)[None]
+                m = torch.zeros(B, q.shape[0], k.shape[1], dtype=torch.bool, device=dev)
             cols.append(m)
         rows.append(torch.cat(cols, dim=2))
     return torch.cat(rows, dim=1)
@@ -560,30 +567,43 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
 
     Step 1 feeds each token with the target's fused feature of the position before; step ``s >= 2`` feeds it
     with the head's own output hidden state of step ``s - 1`` at the position before (training-time test),
-    under the mask of :func:`_unroll_mask`. Returns ``(losses[unroll], accuracies[unroll])`` (tensors; the
+    under the mask of :func:`_unroll_mask`. Steps ``>= 2`` run only from ``batch["start"]`` (the first
+    position any row has a label at) on. Returns ``(losses[unroll], accuracies[unroll])`` (tensors; the
     losses carry gradients)."""
     dev, dtype = drafter.fuse.weight.device, drafter.fuse.weight.dtype
     tok, lab = batch["tokens"].to(dev), batch["labels"].to(dev)
     valid, feats = batch["valid"].to(dev), batch["features"].to(dev)
     B, T = tok.shape
+    start = min(int(batch.get("start", 0)), T - 1)
     H = drafter.hidden_size
     fused = drafter.fuse_features(list(feats.to(dtype).chunk(3, dim=-1)))
     zero = torch.zeros(B, 1, H, device=dev, dtype=dtype)
-    feat_blocks = [torch.cat([zero, fused[:, :-1]], dim=1)]  # f_{i-1}
     pos = torch.arange(T, device=dev)[None].expand(B, T)
+    feat = torch.cat([zero, fused[:, :-1]], dim=1)  # f_{i-1}
     losses, accs = [], []
+    hid_prev, past_k, past_v = None, None, None
     for s in range(1, unroll + 1):
-        logits, hid, _, _ = drafter(tok.repeat(1, s), torch.cat(feat_blocks, dim=1), pos.repeat(1, s),
-                                    _unroll_mask(valid, s))
-        lg = logits[:, (s - 1) * T:]
-        lab_s = lab.clone()
-        lab_s[:, : s - 1] = -100  # positions with no committed prefix for this draft depth
+        n = T if s == 1 else T - start
+        if s == 1:
+            tok_s, pos_s = tok, pos
+        else:  # the draft of step s at j reads step s-1's hidden state at j-1
+            prev = hid_prev if s > 2 else hid_prev[:, max(start - 1, 0):]
+            if s > 2 or start == 0:
+                prev = torch.cat([zero, prev[:, :-1]], dim=1)
+            tok_s, feat, pos_s = tok[:, start:], prev[:, :n], pos[:, start:]
+        # One layer: earlier steps' keys/values never change, so step s runs only its own block against them.
+        allowed = _unroll_mask(valid, s, start)[:, -n:]
+        logits, hid_prev, k, v = drafter(tok_s, feat, pos_s, allowed, past_k, past_v)
+        past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
+        past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
+        lg = logits
+        lab_s = lab[:, T - n:].clone()
+        # Positions with no committed prefix for this draft depth, or whose earlier drafts were not unrolled.
+        lab_s[:, : max(s - 1 - (T - n), s - 2 if s > 2 else 0)] = -100
         losses.append(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab_s.reshape(-1), ignore_index=-100))
         keep = lab_s != -100
         hit = (lg.argmax(-1) == lab_s) & keep
         accs.append(hit.sum().float() / keep.sum().clamp(min=1))
-        if s < unroll:
-            feat_blocks.append(torch.cat([zero, hid[:, (s - 1) * T: s * T - 1]], dim=1))
     return torch.stack(losses), torch.stack(accs).detach()
 
 
