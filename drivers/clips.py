@@ -63,12 +63,13 @@ def read_video(path: str, indices=None) -> np.ndarray:
 @dataclass
 class Clip:
     """A clip read back from disk: ``frames[camera] = uint8[T, H, W, 3]``, ``ego[T, 4]``, ``ego_s[T]``,
-    per-tick hazards and the metadata."""
+    ``controls[T - 1, 2]`` (accel, curvature), per-tick hazards and the metadata."""
 
     clip_id: str
     frames: dict
     ego: np.ndarray
     ego_s: np.ndarray
+    controls: np.ndarray
     hazards: list
     meta: dict
 
@@ -98,6 +99,7 @@ def write_clip(out_dir: str, split: str, index: int, seconds: float = 8.0, camer
             "cameras": list(cameras), "size": list(size), "dt": DT}
     tmp = prefix + ".tmp.npz"
     np.savez(tmp, ego=np.stack(sim.ego), ego_s=np.asarray(sim.ego_s), meta=json.dumps(meta),
+             controls=np.asarray(sim.controls, dtype=np.float64).reshape(-1, 2),
              hazard_kind=np.array([h.kind for h in hz]), hazard_action=np.array([h.action for h in hz]),
              hazard_distance=np.array([-1 if h.distance is None else h.distance for h in hz]))
     os.replace(tmp, prefix + ".npz")
@@ -110,9 +112,9 @@ def load_clip(prefix: str) -> Clip:
         meta = json.loads(str(z["meta"]))
         hazards = [Hazard(str(k), None if d < 0 else int(d), str(a))
                    for k, d, a in zip(z["hazard_kind"], z["hazard_distance"], z["hazard_action"])]
-        ego, ego_s = z["ego"], z["ego_s"]
+        ego, ego_s, controls = z["ego"], z["ego_s"], z["controls"]
     frames = {cam: read_video(f"{prefix}.{cam}.mp4") for cam in meta["cameras"]}
-    return Clip(meta["clip_id"], frames, ego, ego_s, hazards, meta)
+    return Clip(meta["clip_id"], frames, ego, ego_s, controls, hazards, meta)
 
 
 def sample_at(source, tick: int, cameras=("front",), size=(224, 112)) -> dict:
@@ -121,9 +123,11 @@ def sample_at(source, tick: int, cameras=("front",), size=(224, 112)) -> dict:
     Returns ``frames`` (per camera, the last :data:`FRAMES_PER_CAMERA` ticks, oldest first, as
     ``uint8[H, W, 3]``), ``history[16, 3]`` (past x, y, yaw in the ego frame at ``tick``, oldest first,
     ending one tick before), ``speed`` (m/s now), ``future[64, 2]`` (x, y of the next 6.4 s in the same
-    frame), ``hazard`` and ``reasoning`` (the sentence).
+    frame), ``actions[64, 2]`` (the expert's accel and curvature that drove it: the unicycle action space a
+    trajectory head predicts), ``hazard`` and ``reasoning`` (the sentence).
     """
     ego = np.stack(source.ego) if isinstance(source, SimResult) else source.ego
+    controls = np.asarray(source.controls, dtype=np.float64).reshape(-1, 2)
     if tick < max(HISTORY_TICKS, FRAMES_PER_CAMERA - 1) or tick + FUTURE_TICKS >= len(ego):
         raise ValueError(f"tick {tick} needs {HISTORY_TICKS} ticks of history and {FUTURE_TICKS} of future "
                          f"in a clip of {len(ego)} ticks")
@@ -139,4 +143,5 @@ def sample_at(source, tick: int, cameras=("front",), size=(224, 112)) -> dict:
         frames = {cam: [source.frames[cam][k] for k in ticks] for cam in cameras}
         hazard = source.hazards[tick]
     return {"frames": frames, "history": history.astype(np.float32), "speed": float(pose[3]),
-            "future": future.astype(np.float32), "hazard": hazard, "reasoning": reasoning_text(hazard)}
+            "future": future.astype(np.float32), "actions": controls[tick: tick + FUTURE_TICKS].astype(np.float32),
+            "hazard": hazard, "reasoning": reasoning_text(hazard)}

@@ -70,6 +70,6 @@ class DrivingWorkload(SeededWorkload):
                   "car do?")
         h = sample["hazard"]
         meta = {"kind": kind, "tick": tick, "history": sample["history"], "speed": sample["speed"],
-                "future": sample["future"], "hazard_kind": h.kind, "hazard_distance": h.distance,
+                "future": sample["future"], "actions": sample["actions"], "hazard_kind": h.kind, "hazard_distance": h.distance,
                 "hazard_action": h.action}
         return Example(id="", prompt=prompt, target=sample["reasoning"], images=images, meta=meta)

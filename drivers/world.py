@@ -115,13 +115,15 @@ class Scenario:
 
 @dataclass
 class SimResult:
-    """One simulated clip: per tick ``ego[t] = (x, y, yaw, v)``, the agents' states, the road."""
+    """One simulated clip: per tick ``ego[t] = (x, y, yaw, v)``, the agents' states, the road, and the
+    ``controls[t] = (accel, curvature)`` applied from tick ``t`` to ``t + 1`` (one fewer than ticks)."""
 
     scenario: Scenario
     ego: list
     agents: list  # per tick: list of dicts (kind, x, y, yaw, length, width, height, color, ...)
     light_color: list  # per tick: "green" | "yellow" | "red" | None
     ego_s: list  # per tick: ego arc length along the road
+    controls: list = field(default_factory=list)
 
     @property
     def ticks(self) -> int:
@@ -252,6 +254,7 @@ def simulate(scn: Scenario, seconds: float, policy=None) -> SimResult:
             acc, curv = _expert(scn, t, x, y, yaw, v, s_ego)
         else:
             acc, curv = policy(res, k)
+        res.controls.append((float(acc), float(curv)))
         x += v * math.cos(yaw) * DT
         y += v * math.sin(yaw) * DT
         yaw += v * curv * DT

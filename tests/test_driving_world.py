@@ -81,3 +81,18 @@ def test_future_is_consistent_with_the_speed():
     step = np.linalg.norm(np.diff(np.vstack([[0, 0], fut]), axis=0), axis=1)
     assert step.max() <= 20 * DT  # below 20 m/s between waypoints
     assert abs(step[0] - ex.meta["speed"] * DT) < 0.3
+
+
+def test_recorded_actions_reproduce_the_future():
+    """Integrating the expert's (accel, curvature) with the unicycle from the current state gives back the
+    ground-truth waypoints: the action space a trajectory head predicts is exact."""
+    ex = get_workload("driving").example("test", 4)
+    acc, curv = ex.meta["actions"][:, 0], ex.meta["actions"][:, 1]
+    x = y = yaw = 0.0
+    v = ex.meta["speed"]
+    pts = []
+    for a, k in zip(acc, curv):
+        x, y = x + v * np.cos(yaw) * DT, y + v * np.sin(yaw) * DT
+        yaw, v = yaw + v * k * DT, max(0.0, v + a * DT)
+        pts.append((x, y))
+    assert np.allclose(np.array(pts), ex.meta["future"], atol=1e-3)
