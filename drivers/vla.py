@@ -1,0 +1,166 @@
+"""A small driving VLA shaped like Alpamayo: a Qwen2-VL backbone that writes the chain-of-causation, then a
+flow-matching action expert that reads the backbone's KV cache and integrates a 6.4 s trajectory.
+
+Layout (NVlabs/alpamayo, at small scale):
+
+* **backbone**: ``Qwen2VLForConditionalGeneration`` over the camera frames and a prompt carrying the ego
+  history; it generates the reasoning sentence greedily;
+* **action expert** (:class:`TrajectoryExpert`): a second text decoder built from the backbone's *text
+  config* (same layers and KV heads, so layer ``i`` attends to the backbone's layer-``i`` cache), without
+  token embeddings; 64 action tokens enter through ``in_proj([x_t, time embedding])``, attend to the whole
+  cache (prompt, images, reasoning) and to each other, and ``out_proj`` gives the flow velocity; the cache is
+  cropped back after every call, so the N Euler steps all read the same context;
+* **action space**: per step (accel, curvature) of the unicycle, scaled to unit range; integrating it from
+  the current speed gives the 64 waypoints (kinematically feasible by construction).
+
+Flow matching (rectified flow): ``x_t = (1 - t) x_0 + t x_1`` with ``x_0 ~ N(0, I)`` and ``x_1`` the scaled
+expert actions; the expert regresses ``x_1 - x_0``; sampling integrates ``dx/dt = v`` from ``t = 0`` to ``1``
+in ``num_steps`` Euler steps (10 by default, as Alpamayo).
+
+Example:
+    >>> expert = TrajectoryExpert(backbone.config.text_config)                      # doctest: +SKIP
+    >>> traj = integrate_actions(expert.sample(cache, start, mask), speed)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .world import DT
+
+__all__ = ["TrajectoryExpert", "ACTION_SCALE", "integrate_actions", "time_embedding", "expert_attention_mask",
+           "next_text_positions"]
+
+ACTION_SCALE = (4.0, 0.1)  # accel in m/s^2 and curvature in 1/m that map to about unit range
+
+
+def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding ``[B, dim]`` of flow times ``t[B]`` in ``[0, 1]``.
+
+    Example:
+        >>> time_embedding(torch.tensor([0.0, 1.0]), 8).shape
+        torch.Size([2, 8])
+    """
+    half = dim // 2
+    freqs = torch.exp(-math.log(1000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    ang = t.float()[:, None] * 1000.0 * freqs[None]
+    emb = torch.cat([ang.sin(), ang.cos()], -1)
+    return F.pad(emb, (0, dim - emb.shape[-1]))
+
+
+def integrate_actions(actions, speed, dt: float = DT) -> np.ndarray:
+    """Waypoints ``[B, N, 2]`` (x forward, y left, ego frame) from ``actions[B, N, 2]`` (accel, curvature)
+    and the current ``speed[B]``, with the world's unicycle (position first, then yaw and speed).
+
+    Example:
+        >>> integrate_actions(np.zeros((1, 3, 2)), np.array([10.0]))[0, :, 0].round(3).tolist()
+        [1.0, 2.0, 3.0]
+    """
+    a = np.asarray(actions, dtype=np.float64)
+    B, N, _ = a.shape
+    x = np.zeros(B)
+    y = np.zeros(B)
+    yaw = np.zeros(B)
+    v = np.asarray(speed, dtype=np.float64).reshape(B).copy()
+    out = np.zeros((B, N, 2))
+    for k in range(N):
+        x, y = x + v * np.cos(yaw) * dt, y + v * np.sin(yaw) * dt
+        yaw, v = yaw + v * a[:, k, 1] * dt, np.maximum(0.0, v + a[:, k, 0] * dt)
+        out[:, k, 0], out[:, k, 1] = x, y
+    return out
+
+
+def expert_attention_mask(prefix_valid: torch.Tensor, n_actions: int, implementation: str, dtype):
+    """``[B, 1, N, L + N]`` mask for the action tokens: every valid cached position, and all action tokens
+    (bidirectional); bool for sdpa, additive for eager."""
+    B, L = prefix_valid.shape
+    allowed = torch.cat([prefix_valid[:, None, :].expand(B, n_actions, L),
+                         torch.ones(B, n_actions, n_actions, dtype=torch.bool, device=prefix_valid.device)], dim=2)
+    allowed = allowed[:, None]
+    if implementation == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def next_text_positions(model, inputs: dict) -> torch.Tensor:
+    """``[B]``: the M-RoPE text position right after each row's last real token of ``inputs`` (processor
+    outputs with ``attention_mask``), from the model's own ``get_rope_index`` (padding-aware), where the
+    action tokens continue the sequence. (transformers' ``generate`` continues a *left-padded* row at
+    ``cache length + rope_deltas`` instead, which counts the padding; at batch 1 the two agree.)"""
+    ids = inputs["input_ids"]
+    mask = inputs.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask
+    pos, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"], image_grid_thw=inputs.get("image_grid_thw"),
+                                        video_grid_thw=inputs.get("video_grid_thw"), attention_mask=mask)
+    pos = pos[-3:] if pos.shape[0] == 4 else pos
+    return pos.masked_fill(~mask.bool()[None], -1).amax(dim=(0, 2)) + 1
+
+
+class TrajectoryExpert(nn.Module):
+    """The flow-matching action expert over a Qwen2-VL backbone's KV cache (see the module docstring).
+
+    Args:
+        text_config: the backbone's text config (copied; the expert has the same layers and KV heads).
+        horizon: action tokens (64: 6.4 s at 10 Hz).
+        num_steps: Euler steps at sampling time.
+    """
+
+    def __init__(self, text_config, horizon: int = 64, num_steps: int = 10):
+        super().__init__()
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLTextModel
+
+        cfg = copy.deepcopy(text_config)
+        self.decoder = Qwen2VLTextModel(cfg)
+        self.decoder.embed_tokens = None  # actions come in as embeddings (Alpamayo deletes them too)
+        H = cfg.hidden_size
+        self.hidden_size, self.horizon, self.num_steps = H, int(horizon), int(num_steps)
+        self.in_proj = nn.Sequential(nn.Linear(2 + H, H), nn.SiLU(), nn.Linear(H, H))
+        self.out_proj = nn.Linear(H, 2)
+        self.register_buffer("action_scale", torch.tensor(ACTION_SCALE), persistent=False)
+
+    def velocity(self, x_t, t, cache, position_start, prefix_valid):
+        """Flow velocity ``[B, N, 2]`` at ``x_t[B, N, 2]``, times ``t[B]``; ``cache`` (the backbone's
+        ``DynamicCache``, left as it was on return), ``position_start[B]`` (the text position after the cached sequence, M-RoPE deltas
+        included), ``prefix_valid[B, L]`` (which cached positions are real tokens)."""
+        B, N, _ = x_t.shape
+        emb = self.in_proj(torch.cat([x_t, time_embedding(t, self.hidden_size)[:, None].expand(B, N, -1).to(x_t.dtype)],
+                                     dim=-1))
+        pos = (position_start[:, None] + torch.arange(N, device=x_t.device)[None]).long()
+        mask = expert_attention_mask(prefix_valid, N, self.decoder.config._attn_implementation or "sdpa", emb.dtype)
+        # Every call reads the same context: the layers' tensors are put back afterwards (not cropped, so no
+        # autograd history of this call stays attached to the cache across training steps).
+        saved = [(layer.keys, layer.values) for layer in cache.layers]
+        try:
+            out = self.decoder(inputs_embeds=emb, attention_mask={"full_attention": mask},
+                               position_ids=pos[None].expand(3, B, N), cache=cache, use_cache=True)
+        finally:
+            for layer, (k, v) in zip(cache.layers, saved):
+                layer.keys, layer.values = k, v
+        return self.out_proj(out.last_hidden_state)
+
+    def loss(self, actions, cache, position_start, prefix_valid, generator=None):
+        """Rectified-flow loss for expert ``actions[B, N, 2]`` (accel, curvature), one random time per row."""
+        x1 = actions / self.action_scale
+        x0 = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
+        t = torch.rand(x1.shape[0], generator=generator, device=x1.device, dtype=x1.dtype)
+        xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * x1
+        return F.mse_loss(self.velocity(xt, t, cache, position_start, prefix_valid), x1 - x0)
+
+    @torch.no_grad()
+    def sample(self, cache, position_start, prefix_valid, num_steps: int | None = None, generator=None,
+               batch_size: int | None = None):
+        """Actions ``[B, N, 2]`` (accel, curvature) by Euler integration of the flow from noise."""
+        steps = int(num_steps or self.num_steps)
+        B = batch_size or position_start.shape[0]
+        dev = self.out_proj.weight.device
+        x = torch.randn(B, self.horizon, 2, generator=generator, device=dev)
+        for i in range(steps):
+            t = torch.full((B,), i / steps, device=dev)
+            x = x + self.velocity(x, t, cache, position_start, prefix_valid) / steps
+        return x * self.action_scale
