@@ -20,10 +20,10 @@ from PIL import Image
 
 from mmspec.workloads import Example, SeededWorkload
 
-from .clips import FUTURE_TICKS, HISTORY_TICKS, sample_at
-from .world import CAMERAS, DT, SCENARIO_KINDS, scenario_for, simulate
+from .clips import FUTURE_TICKS, sample_at
+from .world import CAMERAS, DT, SCENARIO_KINDS, render_frame, scenario_for, simulate
 
-__all__ = ["DrivingWorkload", "history_text"]
+__all__ = ["DrivingWorkload", "history_text", "driving_prompt"]
 
 
 def history_text(history: np.ndarray, speed: float) -> str:
@@ -37,6 +37,12 @@ def history_text(history: np.ndarray, speed: float) -> str:
     return f"Ego speed {speed:.1f} m/s. Past positions (x forward, y left, m): {pts}."
 
 
+def driving_prompt(cameras, frames_per_camera: int, history: np.ndarray, speed: float) -> str:
+    """The request text of one tick (what :class:`DrivingWorkload` items and the pipeline send)."""
+    return (f"Cameras: {', '.join(cameras)}; {frames_per_camera} frames each, oldest first, 0.1 s apart. "
+            f"{history_text(history, speed)} What matters now, and what should the ego car do?")
+
+
 class DrivingWorkload(SeededWorkload):
     """Driving VLA requests from the seeded road world (see :mod:`mmspec.drivers.world`).
 
@@ -44,18 +50,20 @@ class DrivingWorkload(SeededWorkload):
         cameras: cameras whose last four frames form the images (``"front"``, ``"left"``, ``"right"``).
         size: frame size in pixels (multiples of 28 suit Qwen2-VL's merged 14-px patches).
         kinds: scenario kinds drawn from (uniformly); default all of :data:`SCENARIO_KINDS`.
+        labels: also return each frame's class-id image (``meta["labels"]``, see ``render_frame(labels=True)``)
+            for dense supervision of a vision tower.
         seed: mixed into every item's seed.
     """
 
     name = "driving"
 
-    def __init__(self, cameras=("front",), size=(224, 112), kinds=None, seed: int = 0):
+    def __init__(self, cameras=("front",), size=(224, 112), kinds=None, labels: bool = False, seed: int = 0):
         bad = [c for c in cameras if c not in CAMERAS]
         if bad or not cameras:
             from mmspec.errors import InvalidInputError
 
             raise InvalidInputError(f"unknown cameras {bad}; use some of {sorted(CAMERAS)}")
-        self.cameras, self.size, self.seed = tuple(cameras), tuple(size), seed
+        self.cameras, self.size, self.seed, self.labels = tuple(cameras), tuple(size), seed, labels
         self.kinds = tuple(kinds or SCENARIO_KINDS)
 
     def generate(self, rng, nrng, split, index, draw=True):
@@ -64,12 +72,15 @@ class DrivingWorkload(SeededWorkload):
         sim = simulate(scenario_for(split, index, self.seed, kind), seconds=(tick + FUTURE_TICKS + 1) * DT)
         sample = sample_at(sim, tick, cameras=self.cameras if draw else (), size=self.size)
         images = [Image.fromarray(f) for cam in self.cameras for f in sample["frames"].get(cam, [])]
-        views = ", ".join(self.cameras)
-        prompt = (f"Cameras: {views}; {len(images) // len(self.cameras)} frames each, oldest first, 0.1 s apart. "
-                  f"{history_text(sample['history'], sample['speed'])} What matters now, and what should the ego "
-                  "car do?")
+        prompt = driving_prompt(self.cameras, 4, sample["history"], sample["speed"])
         h = sample["hazard"]
+        if self.labels and draw:
+            ticks = range(tick - len(images) // len(self.cameras) + 1, tick + 1)
+            label_maps = [np.asarray(render_frame(sim, k, cam, self.size, labels=True)) for cam in self.cameras
+                          for k in ticks]
         meta = {"kind": kind, "tick": tick, "history": sample["history"], "speed": sample["speed"],
                 "future": sample["future"], "actions": sample["actions"], "hazard_kind": h.kind, "hazard_distance": h.distance,
                 "hazard_action": h.action}
+        if self.labels and draw:
+            meta["labels"] = label_maps
         return Example(id="", prompt=prompt, target=sample["reasoning"], images=images, meta=meta)

@@ -37,13 +37,16 @@ from PIL import Image, ImageDraw
 from mmspec.workloads import seed_for
 
 __all__ = ["Road", "Scenario", "SimResult", "Hazard", "make_scenario", "simulate", "render_frame", "hazard_at",
-           "reasoning_text", "to_ego_frame", "scenario_for", "SCENARIO_KINDS", "DT", "LANE_WIDTH", "CAMERAS"]
+           "reasoning_text", "to_ego_frame", "scenario_for", "SCENARIO_KINDS", "LABELS", "DT", "LANE_WIDTH", "CAMERAS"]
 
 DT = 0.1  # 10 Hz, as the driving VLAs tick
 LANE_WIDTH = 3.5
 SCENARIO_KINDS = ("cruise", "lead_brake", "cut_in", "red_light", "pedestrian", "parked")
 CAMERAS = {"front": 0.0, "left": math.radians(55), "right": -math.radians(55)}  # yaw offsets
 CAR_LEN, CAR_WID, CAR_H = 4.5, 1.9, 1.5
+# Class ids of render_frame(..., labels=True): what each pixel shows (dense supervision for a vision tower).
+LABELS = ("sky", "grass", "road", "marking", "vehicle", "parked", "pedestrian", "light_red", "light_yellow",
+          "light_green", "light_pole")
 PED_WID, PED_H = 0.6, 1.75
 
 
@@ -139,10 +142,10 @@ def make_scenario(seed: int, kind: str | None = None) -> Scenario:
     """
     rng = np.random.default_rng(seed)
     kind = kind or SCENARIO_KINDS[int(rng.integers(len(SCENARIO_KINDS)))]
-    pieces = [(float(rng.uniform(15, 40)), 0.0)]
-    for _ in range(4):
+    pieces = [(float(rng.uniform(20, 40)), 0.0)]
+    for _ in range(6):  # at least 260 m: 12 s at the top speed, plus the 70 m the camera sees
         curv = 0.0 if rng.random() < 0.4 else float(rng.choice([-1, 1]) / rng.uniform(60, 200))
-        pieces.append((float(rng.uniform(30, 80)), curv))
+        pieces.append((float(rng.uniform(40, 90)), curv))
     road = Road.from_pieces(pieces)
     v0 = float(rng.uniform(7, 13))
     scn = Scenario(kind=kind, road=road, ego_speed=v0, desired_speed=float(min(14.0, v0 + rng.uniform(0, 2))))
@@ -403,9 +406,11 @@ def _project(pts_cam: np.ndarray, f: float, cx: float, cy: float, cam_h: float):
     return np.stack([u, v], 1), ok
 
 
-def render_frame(sim: SimResult, tick: int, camera: str = "front", size=(224, 112), fov_deg: float = 90.0) -> Image.Image:
+def render_frame(sim: SimResult, tick: int, camera: str = "front", size=(224, 112), fov_deg: float = 90.0,
+                 labels: bool = False) -> Image.Image:
     """The camera image at ``tick``: sky, grass, road with lane marks, stop line and zebra, vehicles,
-    the pedestrian and the traffic light, by painter's order (far first).
+    the pedestrian and the traffic light, by painter's order (far first). With ``labels`` the same drawing
+    in class ids (an ``"L"`` image indexing :data:`LABELS`).
 
     Example:
         >>> sim = simulate(make_scenario(1, "pedestrian"), seconds=0.5)
@@ -417,9 +422,14 @@ def render_frame(sim: SimResult, tick: int, camera: str = "front", size=(224, 11
     cx, cy, cam_h = W / 2, H * 0.45, 1.5
     x, y, yaw, _ = sim.ego[tick]
     yaw_c = yaw + CAMERAS[camera]
-    img = Image.new("RGB", (W, H), (150, 190, 235))
+    ids = {name: i for i, name in enumerate(LABELS)}
+
+    def paint(name, rgb):
+        return ids[name] if labels else rgb
+
+    img = Image.new("L" if labels else "RGB", (W, H), paint("sky", (150, 190, 235)))
     draw = ImageDraw.Draw(img)
-    draw.rectangle([0, int(cy), W, H], fill=(90, 140, 70))
+    draw.rectangle([0, int(cy), W, H], fill=paint("grass", (90, 140, 70)))
     road, scn = sim.scenario.road, sim.scenario
     c, s = math.cos(yaw_c), math.sin(yaw_c)
 
@@ -440,39 +450,42 @@ def render_frame(sim: SimResult, tick: int, camera: str = "front", size=(224, 11
         for a in range(len(ss) - 1, 0, -1):  # far to near
             quad = ground_poly(np.array([left[a], left[a - 1], right[a - 1], right[a]]))
             if len(quad) >= 3:
-                draw.polygon(quad, fill=(70, 70, 75))
+                draw.polygon(quad, fill=paint("road", (70, 70, 75)))
         for t0 in ss[::2]:  # dashed centre line
             seg = ground_poly(np.array([road.pose(t0, LANE_WIDTH / 2)[:2], road.pose(t0 + 1.0, LANE_WIDTH / 2)[:2]]))
             if len(seg) == 2:
-                draw.line(seg, fill=(240, 240, 240), width=1)
+                draw.line(seg, fill=paint("marking", (240, 240, 240)), width=1)
         for off in (-LANE_WIDTH / 2 + 0.1, LANE_WIDTH * 1.5 - 0.1):
             line = ground_poly(np.array([road.pose(t0, off)[:2] for t0 in ss]))
             if len(line) >= 2:
-                draw.line(line, fill=(235, 235, 235), width=1)
+                draw.line(line, fill=paint("marking", (235, 235, 235)), width=1)
     if scn.light is not None:
         sl = scn.light["s"]
         line = ground_poly(np.array([road.pose(sl, o)[:2] for o in (-LANE_WIDTH / 2, LANE_WIDTH / 2)]))
         if len(line) == 2:
-            draw.line(line, fill=(255, 255, 255), width=2)
+            draw.line(line, fill=paint("marking", (255, 255, 255)), width=2)
     if scn.pedestrian is not None:
         sp = scn.pedestrian["s"]
         for o in np.arange(-LANE_WIDTH / 2 + 0.3, LANE_WIDTH * 1.5, 0.9):
             quad = ground_poly(np.array([road.pose(sp - 1.5, o)[:2], road.pose(sp + 1.5, o)[:2],
                                          road.pose(sp + 1.5, o + 0.45)[:2], road.pose(sp - 1.5, o + 0.45)[:2]]))
             if len(quad) >= 3:
-                draw.polygon(quad, fill=(225, 225, 225))
+                draw.polygon(quad, fill=paint("marking", (225, 225, 225)))
     boxes = list(sim.agents[tick])
     if scn.light is not None:
         lx, ly, lpsi = road.pose(scn.light["s"], -LANE_WIDTH / 2 - 0.8)
-        color = {"green": (40, 220, 60), "yellow": (250, 200, 20), "red": (240, 30, 30)}[sim.light_color[tick]]
+        light = sim.light_color[tick]
+        color = {"green": (40, 220, 60), "yellow": (250, 200, 20), "red": (240, 30, 30)}[light]
         boxes.append({"kind": "light", "x": lx, "y": ly, "yaw": lpsi, "length": 0.4, "width": 0.4, "height": 4.2,
-                      "color": color})
+                      "color": paint(f"light_{light}", color)})
     for b in sorted(boxes, key=lambda b: -((b["x"] - x) ** 2 + (b["y"] - y) ** 2)):
-        _draw_box(draw, b, cam, f, cx, cy, cam_h)
+        if labels and b["kind"] != "light":
+            b = dict(b, color=ids["vehicle" if b["kind"] == "lead" else b["kind"]])
+        _draw_box(draw, b, cam, f, cx, cy, cam_h, paint)
     return img
 
 
-def _draw_box(draw, b, cam, f, cx, cy, cam_h):
+def _draw_box(draw, b, cam, f, cx, cy, cam_h, paint):
     cb, sb = math.cos(b["yaw"]), math.sin(b["yaw"])
     hl, hw = b["length"] / 2, b["width"] / 2
     corners = [(b["x"] + dx * cb - dy * sb, b["y"] + dx * sb + dy * cb) for dx, dy in
@@ -489,16 +502,17 @@ def _draw_box(draw, b, cam, f, cx, cy, cam_h):
     if b["kind"] == "light":
         pole = cam([(b["x"], b["y"], 0.0), (b["x"], b["y"], z0)])
         puv, _ = _project(pole, f, cx, cy, cam_h)
-        draw.line([tuple(puv[0]), tuple(puv[1])], fill=(40, 40, 40), width=1)
-        draw.rectangle([u0, v0, max(u1, u0 + 1), max(v1, v0 + 1)], fill=(25, 25, 25))
+        draw.line([tuple(puv[0]), tuple(puv[1])], fill=paint("light_pole", (40, 40, 40)), width=1)
+        draw.rectangle([u0, v0, max(u1, u0 + 1), max(v1, v0 + 1)], fill=paint("light_pole", (25, 25, 25)))
         r = max(1.0, (u1 - u0) / 2)
         mid = (u0 + u1) / 2
         draw.ellipse([mid - r, v0 + r * 0.2, mid + r, v0 + r * 2.2], fill=b["color"])
         return
-    draw.rectangle([u0, v0, max(u1, u0 + 1), max(v1, v0 + 1)], fill=b["color"], outline=(20, 20, 20))
+    draw.rectangle([u0, v0, max(u1, u0 + 1), max(v1, v0 + 1)], fill=b["color"],
+                   outline=b["color"] if isinstance(b["color"], int) else (20, 20, 20))
     if b["kind"] != "pedestrian" and (v1 - v0) > 6:  # a rear window, so cars read as cars
         draw.rectangle([u0 + (u1 - u0) * 0.2, v0 + (v1 - v0) * 0.12, u1 - (u1 - u0) * 0.2, v0 + (v1 - v0) * 0.45],
-                       fill=(150, 190, 220))
+                       fill=b["color"] if isinstance(b["color"], int) else (150, 190, 220))
 
 
 def scenario_for(split: str, index: int, seed: int = 0, kind: str | None = None) -> Scenario:

@@ -48,7 +48,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -414,6 +414,42 @@ def _shard_settings(path: str) -> dict | None:
             return json.loads((f.metadata() or {}).get("settings", "null"))
     except Exception:  # an unreadable shard is treated as foreign, never silently reused
         return None
+
+
+def add_config_arguments(parser, config_cls) -> None:
+    """One ``--flag`` per int, float or str field of dataclass ``config_cls`` (its default and type); other
+    fields (dicts, booleans: ``type=bool`` would read "False" as true) are left to the code. The parsed namespace builds the config with ``config_cls(**vars(args))``.
+
+    Example:
+        >>> import argparse
+        >>> p = argparse.ArgumentParser(); add_config_arguments(p, TrainConfig)
+        >>> p.parse_args(["--steps", "5"]).steps
+        5
+    """
+    for f in fields(config_cls):
+        value = getattr(config_cls(), f.name)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(value), default=value)
+
+
+def trim_log(path: str, step: int) -> None:
+    """Drop the lines of a JSON-lines training log whose ``step`` is past ``step`` (what a killed job logged
+    after its last checkpoint), so a resumed run's log has each step once.
+
+    Example:
+        >>> import json, tempfile
+        >>> p = tempfile.mktemp()
+        >>> with open(p, "w") as f:
+        ...     f.writelines(json.dumps({"step": i}) + chr(10) for i in (1, 2, 3))
+        >>> trim_log(p, 2); open(p).read().count("step")
+        2
+    """
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        kept = [line for line in f if json.loads(line)["step"] <= step]
+    with open(path, "w") as f:
+        f.writelines(kept)
 
 
 def _atomic_json(path: str, obj) -> None:

@@ -96,3 +96,16 @@ def test_recorded_actions_reproduce_the_future():
         yaw, v = yaw + v * k * DT, max(0.0, v + a * DT)
         pts.append((x, y))
     assert np.allclose(np.array(pts), ex.meta["future"], atol=1e-3)
+
+
+def test_label_rendering_matches_the_picture():
+    from mmspec.drivers.world import LABELS
+
+    sim = simulate(scenario_for("test", 0, kind="lead_brake"), seconds=2.0)
+    rgb = np.asarray(render_frame(sim, 10))
+    lab = np.asarray(render_frame(sim, 10, labels=True))
+    assert lab.shape == rgb.shape[:2] and lab.max() < len(LABELS)
+    road = lab == LABELS.index("road")
+    assert road.sum() > 1000 and np.abs(rgb[road].astype(int) - (70, 70, 75)).max() == 0
+    assert (lab == LABELS.index("vehicle")).sum() > 0  # the lead car is in view
+    assert (lab[: lab.shape[0] // 3] == LABELS.index("sky")).mean() > 0.9

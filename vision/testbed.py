@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,11 +27,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mmspec.demo import build_qwen2vl, train_tokenizer
+from mmspec.drafters.eagle import warmup_cosine
+from mmspec.train import add_config_arguments, trim_log
 from mmspec.workloads import get_workload
 
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
            "reading_targets", "train_target", "evaluate", "export_target", "bundled_target", "bundled_eagle",
-           "CHARSET"]
+           "PatchReader", "CHARSET"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
 _CHAR_INDEX = {c: i for i, c in enumerate(CHARSET)}
@@ -249,15 +250,22 @@ class TargetTrainConfig:
     workload_options: dict = field(default_factory=lambda: {"docs": {}, "charts": {}})
 
 
-class _Reader(torch.nn.Module):
-    """The auxiliary character reader on the merged vision tokens (training only, not saved with the target)."""
+class PatchReader(torch.nn.Module):
+    """A linear reader on merged vision tokens: logits ``[n, 4, n_classes]``, one row per merged patch (the
+    auxiliary vision-tower loss of testbed targets; used in training only, never saved with the target).
 
-    def __init__(self, hidden: int):
+    Example:
+        >>> PatchReader(8, 5)(torch.zeros(3, 8)).shape
+        torch.Size([3, 4, 5])
+    """
+
+    def __init__(self, hidden: int, n_classes: int = len(CHARSET)):
         super().__init__()
-        self.proj = torch.nn.Linear(hidden, MERGE * MERGE * len(CHARSET))
+        self.n_classes = n_classes
+        self.proj = torch.nn.Linear(hidden, MERGE * MERGE * n_classes)
 
     def forward(self, h):
-        return self.proj(h).view(h.shape[0], MERGE * MERGE, len(CHARSET))
+        return self.proj(h).view(h.shape[0], MERGE * MERGE, self.n_classes)
 
 
 class _Locator(torch.nn.Module):
@@ -276,8 +284,8 @@ class _Locator(torch.nn.Module):
 
     def loss(self, h, batch, image_id: int):
         ids = batch["input_ids"]
-        out, k = [], 0
-        for b, (_, gh, gw) in enumerate(batch["image_grid_thw"].tolist()):
+        out = []
+        for b, (_, gh, gw) in enumerate(batch["image_grid_thw"].tolist()):  # one image per example
             pos = (ids[b] == image_id).nonzero().flatten()
             wm = gw // MERGE
             cell = torch.arange(len(pos))
@@ -317,7 +325,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         model, processor = build_target(cfg.size, cfg.tokenizer_texts, cfg.vocab_size, seed=cfg.seed)
     workloads = {name: get_workload(name, char_boxes=True, **cfg.workload_options.get(name, {}))
                  for name in ("docs", "charts")}
-    reader = _Reader(model.config.text_config.hidden_size)
+    reader = PatchReader(model.config.text_config.hidden_size)
     params = list(model.parameters()) + list(reader.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     start = 0
@@ -331,8 +339,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             locator.load_state_dict(saved["locator"])
             loc_opt.load_state_dict(saved["locator_optimizer"])
         start = int(saved["step"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, s / max(1, cfg.steps)))))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     for _ in range(start):
         sched.step()
     captured = {}
@@ -349,11 +356,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             hooks.append(model.model.language_model.layers[li].self_attn.register_forward_hook(
                 lambda m, a, out, li=li: captured.__setitem__(("attn", li), out[1])))
     log_path = os.path.join(cfg.out, "train_log.jsonl")
-    if os.path.isfile(log_path):  # a killed job may have logged steps past its last checkpoint: drop them
-        with open(log_path) as f:
-            kept = [line for line in f if json.loads(line)["step"] <= start]
-        with open(log_path, "w") as f:
-            f.writelines(kept)
+    trim_log(log_path, start)  # a killed job may have logged steps past its last checkpoint
     model.train()
     end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps  # the schedule still spans cfg.steps
     bar = tqdm(range(start, end), initial=start, total=cfg.steps, disable=not progress, desc="target")
@@ -522,9 +525,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.testbed")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
-    for name, value in asdict(TargetTrainConfig()).items():
-        if not isinstance(value, dict):
-            t.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    add_config_arguments(t, TargetTrainConfig)
     x = sub.add_parser("export")
     x.add_argument("--model", required=True)
     x.add_argument("--out", default=TARGET_DIR)

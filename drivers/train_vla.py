@@ -1,0 +1,283 @@
+"""The driving VLA as one object (backbone + action expert), its training on the driving workload, and its
+evaluation (reasoning accuracy, minADE against a constant-velocity baseline).
+
+Training, per step, on a batch of driving items (four front frames, the ego history in the prompt):
+``loss = lm + aux_weight * aux + action_weight * flow``. ``lm`` is the backbone's cross-entropy on the
+reasoning sentence; ``aux`` is a dense loss on the *backbone's vision tower* (a linear reader says which
+world classes, :data:`~mmspec.drivers.world.LABELS`, lie under each patch: the renderer knows; from-scratch
+tiny VLMs otherwise learn the text prior and ignore the pixels, DESIGN.md); ``flow`` is the action expert's
+rectified-flow loss on the expert driver's 64 (accel, curvature) steps, read from the backbone's KV cache
+of prompt + reasoning (the final end-of-turn excluded, as at run time).
+
+Example:
+    >>> vla = train_vla(VLATrainConfig(out="/tmp/vla", size="tiny", steps=2))          # doctest: +SKIP
+    >>> evaluate_vla(vla, n=8)                                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from mmspec.drafters.eagle import warmup_cosine
+from mmspec.train import add_config_arguments, trim_log
+from mmspec.vision.testbed import PatchReader
+from mmspec.workloads import get_workload
+
+from .vla import TrajectoryExpert, next_text_positions
+from .world import DT, LABELS
+
+__all__ = ["DrivingVLA", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla", "vla_losses",
+           "constant_velocity"]
+
+PATCH, MERGE = 14, 2
+VLA_SIZES = {
+    "tiny": dict(text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2),
+                 vision=dict(depth=1, embed_dim=64, num_heads=2, mlp_ratio=2)),
+    "small": dict(text=dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2),
+                  vision=dict(depth=2, embed_dim=128, num_heads=2, mlp_ratio=2)),
+}
+PIXELS = dict(min_pixels=28 * 28, max_pixels=224 * 112)  # the workload's frames pass unresized
+EXPERT_NAME, EXPERT_CONFIG = "action_expert.safetensors", "action_expert.json"
+
+
+class DrivingVLA(torch.nn.Module):
+    """Backbone (``Qwen2VLForConditionalGeneration``) + :class:`~mmspec.drivers.vla.TrajectoryExpert`, saved
+    together: the backbone with ``save_pretrained`` (with its processor), the expert beside it."""
+
+    def __init__(self, backbone, processor, expert: TrajectoryExpert):
+        super().__init__()
+        self.backbone, self.expert = backbone, expert
+        self.processor = processor
+
+    def save_pretrained(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        self.backbone.save_pretrained(path)
+        self.processor.save_pretrained(path)
+        save_file({k: v.contiguous() for k, v in self.expert.state_dict().items()}, os.path.join(path, EXPERT_NAME))
+        with open(os.path.join(path, EXPERT_CONFIG), "w") as f:
+            json.dump({"horizon": self.expert.horizon, "num_steps": self.expert.num_steps}, f)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "DrivingVLA":
+        from safetensors.torch import load_file
+        from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+        backbone = Qwen2VLForConditionalGeneration.from_pretrained(path).eval()
+        with open(os.path.join(path, EXPERT_CONFIG)) as f:
+            expert = TrajectoryExpert(backbone.config.text_config, **json.load(f))
+        expert.load_state_dict(load_file(os.path.join(path, EXPERT_NAME)))
+        return cls(backbone, AutoProcessor.from_pretrained(path), expert.eval())
+
+
+def build_vla(size: str = "small", tokenizer_texts: int = 2000, vocab_size: int = 512, seed: int = 0) -> DrivingVLA:
+    """A fresh VLA: a Qwen2-VL with a tokenizer trained on the driving prompts and sentences, and an expert."""
+    from mmspec.demo import build_qwen2vl, train_tokenizer
+    from mmspec.vision.testbed import _rope
+    from mmspec.vision.workloads import all_text
+
+    texts = list(all_text(get_workload("driving"), "train", tokenizer_texts, include_prompts=True))
+    spec = VLA_SIZES[size]
+    text = dict(spec["text"], max_position_embeddings=1024, initializer_range=0.02,
+                rope_parameters=_rope(spec["text"]["hidden_size"] // spec["text"]["num_attention_heads"]))
+    backbone, processor = build_qwen2vl(train_tokenizer(texts, vocab_size), text=text, vision=dict(spec["vision"]),
+                                        pixels=PIXELS, seed=seed)
+    torch.manual_seed(seed + 1)
+    return DrivingVLA(backbone, processor, TrajectoryExpert(backbone.config.text_config))
+
+
+def _label_targets(example, grid_hw_per_image) -> torch.Tensor:
+    """Multi-hot ``[n_merged, 4, len(LABELS)]`` over every image: the classes in each patch of each token."""
+    out = []
+    for lab, (h, w) in zip(example.meta["labels"], grid_hw_per_image):
+        cells = torch.from_numpy(np.asarray(lab, dtype=np.int64)[: h * PATCH, : w * PATCH])
+        onehot = torch.nn.functional.one_hot(cells, len(LABELS)).view(h, PATCH, w, PATCH, -1).amax(dim=(1, 3))
+        merged = onehot.view(h // MERGE, MERGE, w // MERGE, MERGE, -1).permute(0, 2, 1, 3, 4)
+        out.append(merged.reshape(-1, MERGE * MERGE, len(LABELS)).float())
+    return torch.cat(out)
+
+
+def vla_losses(vla: DrivingVLA, examples, reader, generator=None) -> dict:
+    """The three training losses on ``examples`` (driving items with ``meta["labels"]``)."""
+    from mmspec.vision.testbed import make_batch
+
+    batch = make_batch(vla.processor, examples)
+    captured = {}
+    hook = vla.backbone.model.visual.register_forward_hook(
+        lambda m, a, out: captured.__setitem__("h", out.pooler_output))
+    try:
+        out = vla.backbone(**batch, use_cache=True)
+    finally:
+        hook.remove()
+    grids = batch["image_grid_thw"][:, 1:].tolist()
+    per_ex = len(examples[0].images)
+    aux_y = torch.cat([_label_targets(ex, grids[i * per_ex:(i + 1) * per_ex]) for i, ex in enumerate(examples)])
+    aux = torch.nn.functional.binary_cross_entropy_with_logits(reader(captured["h"]), aux_y)
+    # The expert's context: prompt + reasoning, without the final end-of-turn (generate never feeds it).
+    labels = batch["labels"]
+    last = (labels != -100).long().cumsum(1).argmax(1)
+    prefix = batch["attention_mask"].clone()
+    prefix[torch.arange(len(examples)), last] = 0
+    start = next_text_positions(vla.backbone, {**batch, "attention_mask": prefix})
+    actions = torch.from_numpy(np.stack([ex.meta["actions"] for ex in examples])).float()
+    flow = vla.expert.loss(actions, out.past_key_values, start, prefix.bool(), generator=generator)
+    return {"lm": out.loss, "aux": aux, "flow": flow}
+
+
+@dataclass
+class VLATrainConfig:
+    """Hyper-parameters of :func:`train_vla` (saved beside the checkpoint); ``stop_after`` ends this run early
+    while the schedule still spans ``steps``."""
+
+    out: str = "driving-vla"
+    size: str = "small"
+    steps: int = 1500
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 50
+    aux_weight: float = 1.0
+    action_weight: float = 1.0
+    save_every: int = 100
+    seed: int = 0
+    threads: int = 0
+    stop_after: int = 0
+    tokenizer_texts: int = 2000
+    vocab_size: int = 512
+
+
+def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
+    """Train (or resume from ``cfg.out/state.pt``) the driving VLA; checkpoints with ``save_pretrained``."""
+    from tqdm import tqdm
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    os.makedirs(cfg.out, exist_ok=True)
+    state_path = os.path.join(cfg.out, "state.pt")
+    resume = os.path.isfile(state_path)
+    vla = DrivingVLA.from_pretrained(cfg.out) if resume else build_vla(cfg.size, cfg.tokenizer_texts, cfg.vocab_size,
+                                                                      cfg.seed)
+    reader = PatchReader(vla.backbone.config.text_config.hidden_size, len(LABELS))
+    params = list(vla.backbone.parameters()) + list(vla.expert.parameters()) + list(reader.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
+    start = 0
+    if resume:
+        saved = torch.load(state_path, weights_only=True)
+        opt.load_state_dict(saved["optimizer"])
+        reader.load_state_dict(saved["reader"])
+        start = int(saved["step"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
+    for _ in range(start):
+        sched.step()
+    log_path = os.path.join(cfg.out, "train_log.jsonl")
+    trim_log(log_path, start)  # steps logged past the last checkpoint by a killed job
+    wl = get_workload("driving", labels=True)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
+    vla.train()
+    bar = tqdm(range(start, end), initial=start, total=cfg.steps, disable=not progress, desc="driving vla")
+    for step in bar:
+        t0 = time.perf_counter()
+        gen.manual_seed(cfg.seed * 1_000_003 + step)  # resumable: the noise of step s does not depend on history
+        losses = vla_losses(vla, wl.examples("train", cfg.batch_size, start=step * cfg.batch_size), reader, gen)
+        loss = losses["lm"] + cfg.aux_weight * losses["aux"] + cfg.action_weight * losses["flow"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        rec = {"step": step + 1, **{k: round(v.item(), 4) for k, v in losses.items()},
+               "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
+        bar.set_postfix(lm=rec["lm"], aux=rec["aux"], flow=rec["flow"])
+        with open(log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == end:
+            vla.eval().save_pretrained(cfg.out)
+            vla.train()
+            tmp = state_path + ".tmp"
+            torch.save({"optimizer": opt.state_dict(), "reader": reader.state_dict(), "step": step + 1}, tmp)
+            os.replace(tmp, state_path)
+            with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
+                json.dump(asdict(cfg), f, indent=2)
+    return vla.eval()
+
+
+def constant_velocity(speed: float, n: int = 64) -> np.ndarray:
+    """The constant-velocity baseline: straight ahead at the current speed, ``[n, 2]``."""
+    return np.stack([speed * DT * np.arange(1, n + 1), np.zeros(n)], 1)
+
+
+@torch.no_grad()
+def evaluate_vla(vla: DrivingVLA, n: int = 24, samples: int = 6, split: str = "test", seed: int = 0) -> dict:
+    """Reasoning accuracy and minADE on ``n`` held-out items (batch 1, as the pipeline drives).
+
+    Reports ``reasoning_exact`` (the sentence, token for token), ``hazard_accuracy`` (the hazard phrase and
+    the action right), ``distance_mae_m`` (where both name a distance), ``min_ade_1`` / ``min_ade_k`` (mean
+    over 64 waypoints of the L2 error; the minimum over ``samples`` noise draws for ``k``) and the
+    constant-velocity baseline's ADE on the same items.
+    """
+    from .pipeline import DrivingPipeline
+
+    pipe = DrivingPipeline(vla)
+    wl = get_workload("driving")
+    exact = hazard = 0
+    dist_err, ade1, adek, cv = [], [], [], []
+    for i in range(n):
+        ex = wl.example(split, i)
+        res = pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], num_samples=samples, seed=seed + i)
+        exact += res["reasoning"].strip() == ex.target
+        got, want = _parse(res["reasoning"]), _parse(ex.target)
+        hazard += got[0] == want[0] and got[2] == want[2]
+        if got[1] is not None and want[1] is not None:
+            dist_err.append(abs(got[1] - want[1]))
+        err = np.linalg.norm(res["trajectories"] - ex.meta["future"][None], axis=-1).mean(-1)
+        ade1.append(float(err[0]))
+        adek.append(float(err.min()))
+        cv.append(float(np.linalg.norm(constant_velocity(ex.meta["speed"]) - ex.meta["future"], axis=-1).mean()))
+    return {"n": n, "reasoning_exact": exact / n, "hazard_accuracy": hazard / n,
+            "distance_mae_m": float(np.mean(dist_err)) if dist_err else None, "min_ade_1": float(np.mean(ade1)),
+            f"min_ade_{samples}": float(np.mean(adek)), "constant_velocity_ade": float(np.mean(cv))}
+
+
+def _parse(sentence: str):
+    """``(hazard phrase, distance or None, action)`` of a reasoning sentence."""
+    import re
+
+    s = sentence.strip().rstrip(".")
+    head, _, action = s.partition("; ")
+    m = re.match(r"(.*?) (\d+) m ahead$", head)
+    if m:
+        return m.group(1).lower(), int(m.group(2)), action
+    return head.lower(), None, action
+
+
+def main(argv=None) -> int:
+    """``python -m mmspec.drivers.train_vla train|eval ...``: train or evaluate the driving VLA."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mmspec.drivers.train_vla")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    add_config_arguments(t, VLATrainConfig)
+    e = sub.add_parser("eval")
+    e.add_argument("--model", required=True)
+    e.add_argument("--n", type=int, default=24)
+    e.add_argument("--samples", type=int, default=6)
+    args = p.parse_args(argv)
+    if args.cmd == "train":
+        train_vla(VLATrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"}))
+        return 0
+    print(json.dumps(evaluate_vla(DrivingVLA.from_pretrained(args.model), n=args.n, samples=args.samples)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
