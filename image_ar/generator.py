@@ -1,0 +1,256 @@
+"""Autoregressive text-to-image generation, plain (no speculation): the baseline spatial speculation is
+measured against.
+
+Two backends behind one :class:`ImageARPipeline` (``pipe(prompt, seed, cfg_scale) -> PIL.Image``):
+
+* **llama**: a ``LlamaForCausalLM`` whose vocabulary is the prompt tokenizer's followed by the VQ-VAE's
+  codes (:mod:`mmspec.image_ar.vq`); a request is ``<bos> prompt <boi>`` and the model writes the code grid
+  in raster order, logits restricted to the codes. Classifier-free guidance as Janus does it: the batch is
+  doubled, the unconditional rows have every prompt token but ``<bos>`` / ``<boi>`` replaced by ``<pad>``
+  (training drops prompts that way with probability ``p_uncond``), and ``logits = u + s * (c - u)``;
+  then temperature and top-k, sampling from a seeded generator.
+* **janus**: transformers' ``JanusForConditionalGeneration`` in its native image mode (generation head,
+  aligner, static cache, its own CFG processor), decoded by its VQ model.
+
+Example:
+    >>> pipe = ImageARPipeline.from_pretrained("image-gen")                     # doctest: +SKIP
+    >>> pipe("a small red circle in the center on a white background", seed=0, cfg_scale=3.0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from .vq import VQVAE, to_image, to_tensor
+
+__all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "SPECIAL_TOKENS"]
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<boi>", "<eoi>", "<unk>")
+GEN_CONFIG = "image_generation.json"
+
+
+def _tokenizer(texts, vocab_size: int):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                                        show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", unk_token="<unk>",
+                                   extra_special_tokens={"boi_token": "<boi>", "eoi_token": "<eoi>"})
+
+
+def build_generator(vq: VQVAE, size: str = "small", tokenizer_texts: int = 2000, vocab_size: int = 256,
+                    grid: int = 16, seed: int = 0):
+    """A fresh ``(LlamaForCausalLM, tokenizer)``: text vocabulary, then ``vq.codebook_size`` code ids."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mmspec.workloads import get_workload
+
+    wl = get_workload("images")
+    tok = _tokenizer([wl.text_example("train", i).prompt for i in range(tokenizer_texts)], vocab_size)
+    dims = {"tiny": (64, 128, 2, 4), "small": (256, 704, 6, 8)}[size]
+    config = LlamaConfig(vocab_size=len(tok) + vq.codebook_size, hidden_size=dims[0], intermediate_size=dims[1],
+                         num_hidden_layers=dims[2], num_attention_heads=dims[3], num_key_value_heads=dims[3] // 2,
+                         max_position_embeddings=64 + grid * grid, bos_token_id=tok.bos_token_id,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.convert_tokens_to_ids("<eoi>"),
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.image_code_offset = len(tok)
+    return model, tok
+
+
+def _request_ids(tok, prompts) -> tuple[torch.Tensor, torch.Tensor]:
+    """``<bos> prompt <boi>`` rows, left-padded: ``(input_ids, attention_mask)``."""
+    boi = tok.convert_tokens_to_ids("<boi>")
+    rows = [[tok.bos_token_id] + tok(p, add_special_tokens=False)["input_ids"] + [boi] for p in prompts]
+    L = max(len(r) for r in rows)
+    ids = torch.full((len(rows), L), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, L - len(r):], mask[i, L - len(r):] = torch.tensor(r), 1
+    return ids, mask
+
+
+def _unconditional(ids: torch.Tensor, tok) -> torch.Tensor:
+    """Janus's unconditional rows: every token but ``<bos>``/``<boi>`` (and padding) becomes ``<pad>``."""
+    keep = (ids == tok.bos_token_id) | (ids == tok.convert_tokens_to_ids("<boi>"))
+    return ids.masked_fill(~keep, tok.pad_token_id)
+
+
+@torch.no_grad()
+def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scale: float = 3.0,
+                   temperature: float = 1.0, top_k: int | None = None, generator=None) -> torch.Tensor:
+    """Sample ``n_codes`` image codes per row (raster order) with classifier-free guidance; ``[B, n_codes]``
+    code indices (``0..codebook_size-1``). ``cfg_scale <= 1`` runs the conditional rows only."""
+    from transformers import DynamicCache
+
+    offset = int(model.generation_config.image_code_offset)
+    B = input_ids.shape[0]
+    guided = cfg_scale is not None and cfg_scale > 1.0
+    ids = torch.cat([input_ids, _unconditional(input_ids, tok)]) if guided else input_ids
+    mask = torch.cat([attention_mask, attention_mask]) if guided else attention_mask
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    codes = torch.zeros(B, n_codes, dtype=torch.long, device=input_ids.device)
+    for i in range(n_codes):
+        logits = out.logits[:, -1, offset:].float()
+        if guided:
+            cond, unc = logits[:B], logits[B:]
+            logits = unc + cfg_scale * (cond - unc)
+        logits = logits / max(temperature, 1e-5)
+        if top_k:
+            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        dev = generator.device if generator is not None else probs.device
+        nxt = torch.multinomial(probs.to(dev), 1, generator=generator).squeeze(-1).to(input_ids.device)
+        codes[:, i] = nxt
+        step = (nxt + offset)[:, None]
+        step = torch.cat([step, step]) if guided else step
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        pos = pos[:, -1:] + 1
+        out = model(input_ids=step, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    return codes
+
+
+class ImageARPipeline:
+    """``pipe(prompt, seed=0, cfg_scale=3.0, temperature=1.0, top_k=None) -> PIL.Image`` for both backends
+    (see the module docstring); :meth:`from_pretrained` picks the backend from ``config.json``."""
+
+    def __init__(self, model, tokenizer, vq: VQVAE | None = None, grid: int | None = None):
+        self.model, self.tokenizer, self.vq = model, tokenizer, vq
+        self.backend = "janus" if model.config.model_type == "janus" else "llama"
+        self.grid = grid
+        self.last_timings_ms: dict = {}
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "ImageARPipeline":
+        from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration, LlamaForCausalLM
+
+        config = AutoConfig.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+        if config.model_type == "janus":
+            model = JanusForConditionalGeneration.from_pretrained(path).eval()
+            gc = model.generation_config
+            if not getattr(gc, "generation_kwargs", None):  # its image loop reads <boi> from here
+                gc.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
+            return cls(model, tok)
+        with open(os.path.join(path, GEN_CONFIG)) as f:
+            extra = json.load(f)
+        model = LlamaForCausalLM.from_pretrained(path).eval()
+        model.generation_config.image_code_offset = extra["image_code_offset"]
+        return cls(model, tok, VQVAE.from_pretrained(os.path.join(path, "vq")), grid=extra["grid"])
+
+    def save_pretrained(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        if self.backend == "llama":
+            self.vq.save_pretrained(os.path.join(path, "vq"))
+            with open(os.path.join(path, GEN_CONFIG), "w") as f:
+                json.dump({"image_code_offset": int(self.model.generation_config.image_code_offset),
+                           "grid": self.grid}, f)
+
+    @torch.no_grad()
+    def __call__(self, prompt, seed: int = 0, cfg_scale: float = 3.0, temperature: float = 1.0,
+                 top_k: int | None = None):
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        gen = torch.Generator(device=self.model.device).manual_seed(seed)
+        ids, mask = _request_ids(self.tokenizer, prompts)
+        ids, mask = ids.to(self.model.device), mask.to(self.model.device)
+        t0 = time.perf_counter()
+        if self.backend == "janus":
+            torch.manual_seed(seed)  # Janus's loop samples with the global generator
+            codes = self.model.generate(ids, attention_mask=mask, generation_mode="image", do_sample=True,
+                                        guidance_scale=cfg_scale, temperature=temperature, top_k=top_k)
+            t1 = time.perf_counter()
+            pixels = self.model.decode_image_tokens(codes).permute(0, 3, 1, 2)
+        else:
+            codes = generate_codes(self.model, ids, mask, self.tokenizer, self.grid * self.grid, cfg_scale,
+                                   temperature, top_k, gen)
+            t1 = time.perf_counter()
+            pixels = self.vq.decode(codes.view(-1, self.grid, self.grid))
+        self.last_timings_ms = {"generate": (t1 - t0) * 1e3, "decode": (time.perf_counter() - t1) * 1e3,
+                                "tokens": int(codes.shape[1])}
+        images = [to_image(p) for p in pixels]
+        return images[0] if isinstance(prompt, str) else images
+
+
+def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int = 16, lr: float = 1e-3,
+                    size: str = "small", p_uncond: float = 0.1, save_every: int = 250, seed: int = 0,
+                    progress: bool = True) -> ImageARPipeline:
+    """Train (or resume) the llama backend on the ``images`` workload, codes from the frozen VQ-VAE at
+    ``vq_path``; cross-entropy on the code tokens and ``<eoi>``; prompts dropped to ``<pad>`` with
+    probability ``p_uncond`` (what guidance needs). Writes ``save_pretrained`` checkpoints and a log."""
+    from tqdm import tqdm
+
+    from mmspec.drafters.eagle import warmup_cosine
+    from mmspec.train import trim_log
+    from mmspec.workloads import get_workload
+
+    os.makedirs(out, exist_ok=True)
+    state_path = os.path.join(out, "state.pt")
+    vq = VQVAE.from_pretrained(vq_path)
+    if os.path.isfile(state_path):
+        pipe = ImageARPipeline.from_pretrained(out)
+        saved = torch.load(state_path, weights_only=True)
+    else:
+        model, tok = build_generator(vq, size, seed=seed)
+        probe = vq.encode(torch.zeros(1, 3, 64, 64))
+        pipe, saved = ImageARPipeline(model, tok, vq, grid=int(probe.shape[-1])), None
+    model, tok = pipe.model, pipe.tokenizer
+    offset = int(model.generation_config.image_code_offset)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(100, steps))
+    start = 0
+    if saved is not None:
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        start = int(saved["step"])
+    log = os.path.join(out, "train_log.jsonl")
+    trim_log(log, start)
+    wl = get_workload("images")
+    eoi = tok.convert_tokens_to_ids("<eoi>")
+    model.train()
+    for step in tqdm(range(start, steps), initial=start, total=steps, disable=not progress, desc="image generator"):
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        exs = wl.examples("train", batch_size, start=step * batch_size)
+        with torch.no_grad():
+            codes = vq.encode(to_tensor([ex.meta["image"] for ex in exs])).flatten(1) + offset
+        ids, mask = _request_ids(tok, [ex.prompt for ex in exs])
+        drop = torch.rand(batch_size, generator=g) < p_uncond
+        ids[drop] = _unconditional(ids[drop], tok)
+        seq = torch.cat([ids, codes, torch.full((batch_size, 1), eoi)], dim=1)
+        full_mask = torch.cat([mask, torch.ones(batch_size, codes.shape[1] + 1, dtype=torch.long)], dim=1)
+        labels = seq.clone()
+        labels[:, : ids.shape[1]] = -100
+        pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        loss = model(input_ids=seq, attention_mask=full_mask, position_ids=pos, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        with open(log, "a") as f:
+            f.write(json.dumps({"step": step + 1, "loss": round(loss.item(), 4), "lr": sched.get_last_lr()[0],
+                                "sec": round(time.perf_counter() - t0, 3)}) + "\n")
+        if (step + 1) % save_every == 0 or step + 1 == steps:
+            model.eval()
+            pipe.save_pretrained(out)
+            model.train()
+            tmp = state_path + ".tmp"
+            torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step + 1}, tmp)
+            os.replace(tmp, state_path)
+    model.eval()
+    return pipe

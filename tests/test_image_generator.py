@@ -1,0 +1,63 @@
+"""The plain AR image pipeline: the llama backend (training, save/load, CFG sampling) and transformers'
+Janus in native image mode, through the same ImageARPipeline."""
+
+import numpy as np
+import torch
+
+from mmspec.image_ar.generator import ImageARPipeline, _request_ids, _unconditional, generate_codes, train_generator
+from mmspec.image_ar.vq import VQVAE, train_vq
+
+PROMPT = "a small red circle in the center on a white background"
+
+
+def test_llama_backend_trains_saves_and_samples(tmp_path):
+    torch.set_num_threads(1)
+    train_vq(str(tmp_path / "vq"), steps=2, batch_size=4, progress=False, codebook_size=32, code_dim=8, hidden=16)
+    train_generator(str(tmp_path / "gen"), str(tmp_path / "vq"), steps=2, batch_size=4, size="tiny", save_every=1,
+                    progress=False)
+    pipe = train_generator(str(tmp_path / "gen"), str(tmp_path / "vq"), steps=3, batch_size=4, size="tiny",
+                           save_every=1, progress=False)  # resumes
+    loaded = ImageARPipeline.from_pretrained(str(tmp_path / "gen"))
+    a = loaded(PROMPT, seed=3, cfg_scale=3.0, top_k=8)
+    b = loaded(PROMPT, seed=3, cfg_scale=3.0, top_k=8)
+    assert a.size == (64, 64) and np.array_equal(np.asarray(a), np.asarray(b))
+    assert loaded.last_timings_ms["tokens"] == 256
+    ids, mask = _request_ids(pipe.tokenizer, [PROMPT])
+    unc = _unconditional(ids, pipe.tokenizer)
+    assert (unc == pipe.tokenizer.pad_token_id).sum() == ids.shape[1] - 2  # only <bos> and <boi> are kept
+    g = torch.Generator().manual_seed(0)
+    codes = generate_codes(loaded.model, ids, mask, loaded.tokenizer, 5, cfg_scale=1.0, top_k=1, generator=g)
+    # top-1 without guidance is greedy: each code is the argmax of the model's code logits.
+    offset = int(loaded.model.generation_config.image_code_offset)
+    seq = torch.cat([ids, codes + offset], 1)
+    logits = loaded.model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0, ids.shape[1] - 1:-1, offset:]
+    assert torch.equal(logits.argmax(-1), codes[0])
+
+
+def test_janus_native_image_mode_through_the_same_pipeline(tmp_path):
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    from mmspec.image_ar.generator import _tokenizer
+
+    tok = _tokenizer([PROMPT, "the letter A in red on a white background"], 80)
+    cfg = JanusConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8, num_image_tokens=16),
+        vq_config=dict(embed_dim=8, num_embeddings=64, base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
+                       latent_channels=8, image_token_embed_dim=64, projection_dim=64, num_patches=4))
+    torch.manual_seed(0)
+    model = JanusForConditionalGeneration(cfg).eval()
+    model.generation_config.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config._from_model_config = False  # as a hub checkpoint's own generation config
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    pipe = ImageARPipeline.from_pretrained(str(tmp_path))
+    assert pipe.backend == "janus"
+    img = pipe(PROMPT, seed=1, cfg_scale=4.0, top_k=10)
+    again = pipe(PROMPT, seed=1, cfg_scale=4.0, top_k=10)
+    assert img.size == (8, 8) and np.array_equal(np.asarray(img), np.asarray(again))
+    assert pipe.last_timings_ms["tokens"] == 16
