@@ -305,10 +305,17 @@ def _run_trained_demo(docs, max_new_tokens, prompt, print_fn):
     drafters = docs.bundled_drafters()
     spec = drafters[0] if drafters else "lookup"
     ex = docs.example("test", 3)
-    print_fn("mmspec demo: the bundled testbed target, a small Qwen2-VL trained on CPU to transcribe rendered")
-    print_fn(f"document pages, decoding a test page with the {spec.partition(':')[0]} drafter. The output must equal")
-    print_fn("plain greedy model.generate token for token; the two are timed back to back.")
+    print_fn("mmspec demo: the bundled testbed target, a small Qwen2-VL trained on CPU on rendered document pages,")
+    print_fn(f"decoding a test page with the {spec.partition(':')[0]} drafter. The output must equal plain greedy")
+    print_fn("model.generate token for token; the two are timed back to back.")
     print_fn(f"model: {path}")
+    quality = os.path.join(path, "eval.json")
+    if os.path.isfile(quality):  # what the target itself is worth, measured when it was bundled
+        with open(quality) as f:
+            for line in f:
+                q = json.loads(line)
+                print_fn(f"target quality on the {q['workload']} test split (n={q['n']}): exact match "
+                         f"{q['exact_match']:.2f}, character error rate {q['char_error_rate']:.2f}")
     pipe = MMSpecPipeline.from_pretrained(path, drafter=spec)
     return _compare(pipe, ex.images, prompt or ex.prompt, max_new_tokens, print_fn, f"page, {ex.id}")
 

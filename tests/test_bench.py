@@ -227,3 +227,23 @@ def test_default_model_is_the_bundled_target_when_one_ships():
     for spec in docs.bundled_drafters():
         kind, _, path = spec.partition(":")
         assert kind == "eagle" and os.path.isfile(os.path.join(path, "config.json"))
+
+
+@pytest.mark.slow
+def test_default_quick_bench_on_the_bundled_target(tmp_path, capsys):
+    """`mmspec bench --quick` with no model named: the bundled trained target, its EAGLE head, valid JSON."""
+    from mmspec.vision.testbed import bundled_target
+
+    if bundled_target() is None:
+        pytest.skip("no trained testbed target in this checkout")
+    out = tmp_path / "quick.json"
+    assert main(["bench", "--quick", "--workload", "docs", "--batch-sizes", "1", "--n", "2", "--json", str(out),
+                 "--no-progress"]) == 0
+    data = json.loads(out.read_text())
+    systems = {r["system"]: r for r in data["results"]}
+    assert {"ar", "hf-prompt-lookup", "lookup"} <= set(systems)
+    assert data["meta"]["model"] == bundled_target()
+    for r in data["results"]:
+        assert r["status"] == "ok" and r["identical_to_ar"] is True, r
+    if any(s.startswith("eagle") for s in systems):
+        assert systems["eagle"]["tau"] >= 1.0
