@@ -33,7 +33,7 @@ from .vla import TrajectoryExpert, next_text_positions
 from .world import DT, LABELS
 
 __all__ = ["DrivingVLA", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla", "vla_losses",
-           "constant_velocity"]
+           "constant_velocity", "closed_loop"]
 
 PATCH, MERGE = 14, 2
 VLA_SIZES = {
@@ -247,6 +247,51 @@ def evaluate_vla(vla: DrivingVLA, n: int = 24, samples: int = 6, split: str = "t
             f"min_ade_{samples}": float(np.mean(adek)), "constant_velocity_ade": float(np.mean(cv))}
 
 
+@torch.no_grad()
+def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tick: int = 20, replan_every: int = 5,
+                split: str = "test", seed: int = 0) -> dict:
+    """Let the VLA drive: the expert drives the first ``handover_tick`` ticks (history for the model), then
+    every ``replan_every`` ticks the pipeline plans from the current frames and ego history and the ego
+    executes the planned (accel, curvature) steps. Rates of collision, off-road and red-light running over
+    ``n`` scenarios (all kinds in turn), the same for the expert, and mean progress.
+
+    Example:
+        >>> closed_loop(DrivingVLA.from_pretrained("driving-vla"), n=6)            # doctest: +SKIP
+    """
+    from .clips import HISTORY_TICKS
+    from .pipeline import DrivingPipeline
+    from .world import SCENARIO_KINDS, render_frame, safety_events, scenario_for, simulate, to_ego_frame
+
+    pipe = DrivingPipeline(vla)
+    totals = {"model": {"collision": 0, "offroad": 0, "red_light": 0, "progress_m": 0.0},
+              "expert": {"collision": 0, "offroad": 0, "red_light": 0, "progress_m": 0.0}}
+    for i in range(n):
+        scn = scenario_for(split, 10_000 + i, seed, SCENARIO_KINDS[i % len(SCENARIO_KINDS)])
+        plan = {}
+
+        def policy(sim, k):
+            if k < handover_tick:
+                return None
+            if (k - handover_tick) % replan_every == 0:
+                pose = sim.ego[k]
+                hist = np.stack(sim.ego[k - HISTORY_TICKS: k])
+                history = np.c_[to_ego_frame(hist[:, :2], pose),
+                                (hist[:, 2] - pose[2] + np.pi) % (2 * np.pi) - np.pi]
+                frames = [render_frame(sim, t) for t in range(k - 3, k + 1)]
+                plan["actions"] = pipe.step(frames, history, float(pose[3]), seed=seed + k)["actions"][0]
+                plan["start"] = k
+            a = plan["actions"][k - plan["start"]]
+            return float(a[0]), float(a[1])
+
+        for who, pol in (("model", policy), ("expert", None)):
+            ev = safety_events(simulate(scn, seconds, pol), handover_tick)
+            for key in ("collision", "offroad", "red_light"):
+                totals[who][key] += int(ev[key])
+            totals[who]["progress_m"] += ev["progress_m"]
+    return {who: {**{f"{k}_rate": v / n for k, v in t.items() if k != "progress_m"},
+                  "progress_m": t["progress_m"] / n} for who, t in totals.items()} | {"n": n}
+
+
 def _parse(sentence: str):
     """``(hazard phrase, distance or None, action)`` of a reasoning sentence."""
     import re
@@ -271,11 +316,15 @@ def main(argv=None) -> int:
     e.add_argument("--model", required=True)
     e.add_argument("--n", type=int, default=24)
     e.add_argument("--samples", type=int, default=6)
+    e.add_argument("--closed-loop", type=int, default=0, help="also drive this many scenarios in closed loop")
     args = p.parse_args(argv)
     if args.cmd == "train":
         train_vla(VLATrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"}))
         return 0
-    print(json.dumps(evaluate_vla(DrivingVLA.from_pretrained(args.model), n=args.n, samples=args.samples)))
+    vla = DrivingVLA.from_pretrained(args.model)
+    print(json.dumps(evaluate_vla(vla, n=args.n, samples=args.samples)))
+    if args.closed_loop:
+        print(json.dumps(closed_loop(vla, n=args.closed_loop)))
     return 0
 
 

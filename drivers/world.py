@@ -37,7 +37,7 @@ from PIL import Image, ImageDraw
 from mmspec.workloads import seed_for
 
 __all__ = ["Road", "Scenario", "SimResult", "Hazard", "make_scenario", "simulate", "render_frame", "hazard_at",
-           "reasoning_text", "to_ego_frame", "scenario_for", "SCENARIO_KINDS", "LABELS", "DT", "LANE_WIDTH", "CAMERAS"]
+           "reasoning_text", "to_ego_frame", "scenario_for", "safety_events", "SCENARIO_KINDS", "LABELS", "DT", "LANE_WIDTH", "CAMERAS"]
 
 DT = 0.1  # 10 Hz, as the driving VLAs tick
 LANE_WIDTH = 3.5
@@ -233,7 +233,8 @@ def _idm(v: float, v0: float, gap: float | None, v_lead: float) -> float:
 def simulate(scn: Scenario, seconds: float, policy=None) -> SimResult:
     """Run the world for ``seconds`` at :data:`DT`; the ego follows ``policy`` or the expert.
 
-    ``policy(sim_so_far, tick) -> (accel, curvature)`` (closed loop: a model drives); ``None`` is the expert.
+    ``policy(sim_so_far, tick) -> (accel, curvature)`` (closed loop: a model drives), or ``None`` for the
+    expert; a policy may return ``None`` to let the expert drive that tick (a warm-up before hand-over).
     Stops early if the ego leaves the road's sampled length.
     """
     road = scn.road
@@ -253,10 +254,8 @@ def simulate(scn: Scenario, seconds: float, policy=None) -> SimResult:
         lights.append(_light_color(scn.light, t) if scn.light else None)
         if k == n - 1 or s_ego > road.s[-1] - 80:
             break
-        if policy is None:
-            acc, curv = _expert(scn, t, x, y, yaw, v, s_ego)
-        else:
-            acc, curv = policy(res, k)
+        action = None if policy is None else policy(res, k)
+        acc, curv = _expert(scn, t, x, y, yaw, v, s_ego) if action is None else action
         res.controls.append((float(acc), float(curv)))
         x += v * math.cos(yaw) * DT
         y += v * math.sin(yaw) * DT
@@ -281,6 +280,29 @@ def _expert(scn: Scenario, t: float, x, y, yaw, v, s_ego) -> tuple[float, float]
     lat = -dx * math.sin(yaw) + dy * math.cos(yaw)
     curv = 2 * lat / max(dx * dx + dy * dy, 1e-3)
     return acc, max(-0.2, min(0.2, curv))
+
+
+def safety_events(sim: SimResult, from_tick: int = 0) -> dict:
+    """Did the ego collide (its box overlapping an agent's, in road coordinates), leave the road (centre past
+    the road edges by 0.5 m) or run a red light, from ``from_tick`` on? Plus ``progress_m``.
+
+    Example:
+        >>> safety_events(simulate(make_scenario(2, "lead_brake"), seconds=6.0))["collision"]
+        False
+    """
+    road, scn = sim.scenario.road, sim.scenario
+    collision = offroad = red = False
+    for k in range(from_tick, sim.ticks):
+        x, y = sim.ego[k][0], sim.ego[k][1]
+        s, off = road.project(x, y, sim.ego_s[k])
+        offroad |= off < -LANE_WIDTH / 2 - 0.5 or off > LANE_WIDTH * 1.5 + 0.5
+        for a in sim.agents[k]:
+            if abs(a["s"] - s) < (CAR_LEN + a["length"]) / 2 and abs(a["offset"] - off) < (CAR_WID + a["width"]) / 2:
+                collision = True
+        if scn.light is not None and k > 0 and sim.light_color[k] == "red":
+            red |= sim.ego_s[k - 1] < scn.light["s"] <= sim.ego_s[k]
+    return {"collision": collision, "offroad": offroad, "red_light": red,
+            "progress_m": float(sim.ego_s[-1] - sim.ego_s[from_tick])}
 
 
 def _agents_at(scn: Scenario, t: float) -> list:

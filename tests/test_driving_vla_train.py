@@ -37,3 +37,16 @@ def test_training_resumes_saves_and_drives(tmp_path):
 def test_constant_velocity_baseline():
     cv = constant_velocity(10.0, 4)
     assert np.allclose(cv, [[1, 0], [2, 0], [3, 0], [4, 0]])
+
+
+def test_closed_loop_runs_the_model_and_the_expert(tmp_path):
+    from mmspec.drivers.train_vla import build_vla, closed_loop
+
+    torch.manual_seed(0)
+    vla = build_vla("tiny", tokenizer_texts=40, vocab_size=300).eval()
+    vla.expert.num_steps = 2
+    res = closed_loop(vla, n=2, seconds=3.0, handover_tick=20, replan_every=5)
+    assert res["n"] == 2 and set(res) == {"model", "expert", "n"}
+    for who in ("model", "expert"):
+        assert set(res[who]) == {"collision_rate", "offroad_rate", "red_light_rate", "progress_m"}
+    assert res["expert"]["collision_rate"] == 0.0 and res["expert"]["progress_m"] > 5.0

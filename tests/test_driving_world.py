@@ -109,3 +109,13 @@ def test_label_rendering_matches_the_picture():
     assert road.sum() > 1000 and np.abs(rgb[road].astype(int) - (70, 70, 75)).max() == 0
     assert (lab == LABELS.index("vehicle")).sum() > 0  # the lead car is in view
     assert (lab[: lab.shape[0] // 3] == LABELS.index("sky")).mean() > 0.9
+
+
+def test_safety_events_catch_a_crash_and_a_departure():
+    from mmspec.drivers.world import safety_events
+
+    scn = scenario_for("test", 3, kind="lead_brake")
+    crash = simulate(scn, seconds=8.0, policy=lambda sim, k: (2.0, 0.0) if k > 5 else None)  # never brakes
+    assert safety_events(crash)["collision"]
+    off = simulate(scenario_for("test", 4, kind="cruise"), seconds=5.0, policy=lambda sim, k: (0.0, -0.1))
+    assert safety_events(off)["offroad"] and not safety_events(simulate(scn, seconds=8.0))["collision"]
