@@ -28,7 +28,7 @@ from mmspec.workloads import Example
 
 from mmspec.workloads import SeededWorkload
 from .render import PALETTE, Canvas, augment, font_families, get_font, line_height, text_width
-from .text import CITIES, COUNTRIES, FIRST_NAMES, MONTHS, MONTHS_SHORT, WEEKDAYS_SHORT
+from .text import CITIES, COUNTRIES, MONTHS_SHORT, WEEKDAYS_SHORT
 
 __all__ = ["ChartsWorkload", "CHART_TYPES", "REGIMES"]
 
@@ -392,7 +392,7 @@ class ChartsWorkload(SeededWorkload):
         fam = style["family"]
         tf, lf = get_font(fam, style["title"], bold=True), get_font(fam, style["label"])
         kf = get_font(fam, style["tick"])
-        W, H = self.width, self.height
+        W = self.width
         m = 8
         c.text((W - text_width(tf, spec["title"])) / 2, m, spec["title"], tf)
         top = m + line_height(tf) + 8
@@ -413,7 +413,7 @@ class ChartsWorkload(SeededWorkload):
         W, H = self.width, self.height
         tf, lf, kf, top = self._plot_frame(c, spec, style)
         vf = get_font(style["family"], style["value"])
-        cats, series, labels, dec = spec["categories"], spec["series"], spec["labels"], spec["dec"]
+        cats, series, labels = spec["categories"], spec["series"], spec["labels"]
         n, names = len(cats), list(series)
         vmax = max(max(v) for v in series.values())
         step = _nice_step(vmax, 5)

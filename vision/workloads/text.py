@@ -302,7 +302,7 @@ class TextGen:
             lambda: f"{a} * {b} = {a * b}",
             lambda: f"{v}^{c} / {v}^2 = {v}^{c - 2}" if c > 2 else f"{v}^3 / {v} = {v}^2",
             lambda: "p = m v",
-            lambda: f"(a + b)^2 = a^2 + 2ab + b^2",
+            lambda: "(a + b)^2 = a^2 + 2ab + b^2",
             lambda: f"k = {a}/{b + 10}",
             lambda: "V = l w h",
             lambda: f"r = {a}.{c} cm",
