@@ -156,13 +156,29 @@ def make_scenario(seed: int, kind: str | None = None) -> Scenario:
         scn.lead = {"s0": float(rng.uniform(18, 35) if kind != "cut_in" else rng.uniform(12, 22)),
                     "speed": float(v0 * rng.uniform(0.75, 1.0)), "behaviour": behaviour,
                     "t_event": float(rng.uniform(1.5, 3.0)), "decel": float(rng.uniform(2.5, 5.0))}
+        if kind == "cut_in":
+            # A cut-in starts at least 0.8 s of headway ahead of a nominal ego (no one can avoid a car that
+            # swerves in at 2 m): the ego closes (v0 - v_lead) * t_event before the manoeuvre.
+            ld = scn.lead
+            gap_at_event = ld["s0"] - (v0 - ld["speed"]) * ld["t_event"] - CAR_LEN
+            ld["s0"] += max(0.0, max(8.0, 0.8 * v0) - gap_at_event)
         if kind == "cruise" and rng.random() < 0.4:
             scn.lead = None  # an empty road
     if kind == "parked" or rng.random() < 0.3:
         scn.parked = sorted(float(s) for s in rng.uniform(20, 90, size=int(rng.integers(1, 4))))
     if kind == "pedestrian":
-        scn.pedestrian = {"s": float(rng.uniform(28, 45)), "t_start": float(rng.uniform(0.5, 2.5)),
-                          "speed": float(rng.uniform(1.0, 1.6))}
+        ped = {"s": float(rng.uniform(35, 70)), "t_start": float(rng.uniform(0.0, 2.5)),
+               "speed": float(rng.uniform(1.0, 1.6))}
+        # The pedestrian reaches the ego lane's edge (offset -2.6 m) only when a nominal ego (at its desired
+        # speed) is still a comfortable stop (3 m/s^2) plus 8 m away: the expert can always yield.
+        vd = scn.desired_speed
+        reach = (5.0 - 2.6) / ped["speed"]
+        latest = (ped["s"] - 8.0 - vd * vd / 6.0) / vd - reach
+        if latest < 0:
+            ped["s"] += -latest * vd
+            latest = 0.0
+        ped["t_start"] = min(ped["t_start"], latest)
+        scn.pedestrian = ped
     if kind == "red_light":
         green = float(rng.uniform(1.0, 2.5))
         scn.light = {"s": float(rng.uniform(30, 50)), "phases": [("green", green), ("yellow", 2.0), ("red", 30.0)],
@@ -209,7 +225,9 @@ def _obstacles(scn: Scenario, t: float) -> list:
     obs = []
     if scn.lead is not None:
         s, off, v = _lead_state(scn, t)
-        if abs(off) < LANE_WIDTH * 0.75:
+        # A car signalling and drifting in is yielded to from the start of its manoeuvre, as drivers do.
+        cutting = scn.lead["behaviour"] == "cut_in" and t >= scn.lead["t_event"]
+        if abs(off) < LANE_WIDTH * 0.75 or cutting:
             obs.append((s - CAR_LEN, v))
     if scn.pedestrian is not None:
         off = _pedestrian_offset(scn, t)

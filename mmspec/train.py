@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -417,8 +418,9 @@ def _shard_settings(path: str) -> dict | None:
 
 
 def add_config_arguments(parser, config_cls) -> None:
-    """One ``--flag`` per int, float or str field of dataclass ``config_cls`` (its default and type); other
-    fields (dicts, booleans: ``type=bool`` would read "False" as true) are left to the code. The parsed namespace builds the config with ``config_cls(**vars(args))``.
+    """One ``--flag`` per int, float, str or dict field of dataclass ``config_cls`` (its default and type; a
+    dict is given as JSON); booleans (``type=bool`` would read "False" as true) are left to the code. The
+    parsed namespace builds the config with ``config_cls(**vars(args))``.
 
     Example:
         >>> import argparse
@@ -430,6 +432,18 @@ def add_config_arguments(parser, config_cls) -> None:
         value = getattr(config_cls(), f.name)
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(value), default=value)
+        elif isinstance(value, dict):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=_json_dict, default=value, metavar="JSON")
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def trim_log(path: str, step: int) -> None:
