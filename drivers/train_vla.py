@@ -33,7 +33,7 @@ from .vla import TrajectoryExpert, next_text_positions
 from .world import DT, LABELS
 
 __all__ = ["DrivingVLA", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla", "vla_losses",
-           "constant_velocity", "closed_loop"]
+           "constant_velocity", "closed_loop", "score_step", "summarize_scores"]
 
 PATCH, MERGE = 14, 2
 VLA_SIZES = {
@@ -228,23 +228,46 @@ def evaluate_vla(vla: DrivingVLA, n: int = 24, samples: int = 6, split: str = "t
 
     pipe = DrivingPipeline(vla)
     wl = get_workload("driving")
-    exact = hazard = 0
-    dist_err, ade1, adek, cv = [], [], [], []
+    scores = []
     for i in range(n):
         ex = wl.example(split, i)
         res = pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], num_samples=samples, seed=seed + i)
-        exact += res["reasoning"].strip() == ex.target
-        got, want = _parse(res["reasoning"]), _parse(ex.target)
-        hazard += got[0] == want[0] and got[2] == want[2]
-        if got[1] is not None and want[1] is not None:
-            dist_err.append(abs(got[1] - want[1]))
-        err = np.linalg.norm(res["trajectories"] - ex.meta["future"][None], axis=-1).mean(-1)
-        ade1.append(float(err[0]))
-        adek.append(float(err.min()))
-        cv.append(float(np.linalg.norm(constant_velocity(ex.meta["speed"]) - ex.meta["future"], axis=-1).mean()))
-    return {"n": n, "reasoning_exact": exact / n, "hazard_accuracy": hazard / n,
-            "distance_mae_m": float(np.mean(dist_err)) if dist_err else None, "min_ade_1": float(np.mean(ade1)),
-            f"min_ade_{samples}": float(np.mean(adek)), "constant_velocity_ade": float(np.mean(cv))}
+        scores.append(score_step(res, ex))
+    return summarize_scores(scores, samples)
+
+
+def score_step(result: dict, example) -> dict:
+    """How one :meth:`DrivingPipeline.step` result did on a ``driving`` item: reasoning exact, hazard phrase
+    and action right, distance error (or ``None``), ADE of the first sample and the best sample, and the
+    constant-velocity ADE on the same item.
+
+    Example:
+        >>> from mmspec.workloads import get_workload
+        >>> ex = get_workload("driving").text_example("test", 0)
+        >>> fake = {"reasoning": ex.target, "trajectories": ex.meta["future"][None]}
+        >>> s = score_step(fake, ex); s["exact"], s["hazard"], s["ade_1"]
+        (True, True, 0.0)
+    """
+    got, want = _parse(result["reasoning"]), _parse(example.target)
+    err = np.linalg.norm(result["trajectories"] - example.meta["future"][None], axis=-1).mean(-1)
+    cv = np.linalg.norm(constant_velocity(example.meta["speed"]) - example.meta["future"], axis=-1).mean()
+    return {"exact": result["reasoning"].strip() == example.target, "hazard": got[0] == want[0] and got[2] == want[2],
+            "distance_error": abs(got[1] - want[1]) if got[1] is not None and want[1] is not None else None,
+            "ade_1": float(err[0]), "ade_min": float(err.min()), "cv_ade": float(cv)}
+
+
+def summarize_scores(scores: list, samples: int = 1) -> dict:
+    """The evaluation figures over :func:`score_step` results (see :func:`evaluate_vla`)."""
+    n = len(scores)
+    dist = [s["distance_error"] for s in scores if s["distance_error"] is not None]
+    out = {"n": n, "reasoning_exact": sum(s["exact"] for s in scores) / n,
+           "hazard_accuracy": sum(s["hazard"] for s in scores) / n,
+           "distance_mae_m": float(np.mean(dist)) if dist else None,
+           "min_ade_1": float(np.mean([s["ade_1"] for s in scores]))}
+    if samples > 1:
+        out[f"min_ade_{samples}"] = float(np.mean([s["ade_min"] for s in scores]))
+    out["constant_velocity_ade"] = float(np.mean([s["cv_ade"] for s in scores]))
+    return out
 
 
 @torch.no_grad()

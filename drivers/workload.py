@@ -56,6 +56,12 @@ class DrivingWorkload(SeededWorkload):
     """
 
     name = "driving"
+    plain_pipeline = True
+
+    def bench_plain(self, model, examples, cfg, progress=True):
+        from .bench import bench_driving
+
+        return bench_driving(model or self.bundled_model(), examples, cfg, progress)
 
     def __init__(self, cameras=("front",), size=(224, 112), kinds=None, labels: bool = False, seed: int = 0):
         bad = [c for c in cameras if c not in CAMERAS]

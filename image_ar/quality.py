@@ -28,7 +28,21 @@ from torch import nn
 from .vq import to_tensor
 from .world import LABEL_HEADS, parse_prompt, spec_labels
 
-__all__ = ["WorldClassifier", "train_classifier", "features", "fid", "frechet_distance", "prompt_accuracy"]
+__all__ = ["WorldClassifier", "train_classifier", "features", "fid", "frechet_distance", "prompt_accuracy",
+           "bundled_classifier", "CLASSIFIER_DIR"]
+
+CLASSIFIER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "world-classifier")
+
+
+def bundled_classifier() -> str | None:
+    """The bundled world classifier's folder (``None`` if this install has none): the image world's measuring
+    stick for FID and prompt accuracy.
+
+    Example:
+        >>> bundled_classifier() is None or os.path.isfile(os.path.join(bundled_classifier(), "config.json"))
+        True
+    """
+    return CLASSIFIER_DIR if os.path.isfile(os.path.join(CLASSIFIER_DIR, "model.safetensors")) else None
 
 
 class WorldClassifier(nn.Module):

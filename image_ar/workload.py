@@ -31,6 +31,12 @@ class ImagesWorkload(SeededWorkload):
     """
 
     name = "images"
+    plain_pipeline = True
+
+    def bench_plain(self, model, examples, cfg, progress=True):
+        from .bench import bench_images
+
+        return bench_images(model or self.bundled_model(), examples, cfg, progress)
 
     def __init__(self, size: int = 64, seed: int = 0):
         self.size, self.seed = int(size), seed

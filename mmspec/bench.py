@@ -48,7 +48,8 @@ from .budget import DepthBudget
 from .errors import InvalidInputError
 from .stats import SpecStats
 
-__all__ = ["BenchConfig", "BenchReport", "System", "run_bench", "default_model_path", "parse_csv",
+__all__ = ["BenchConfig", "BenchReport", "System", "run_bench", "default_model_path", "parse_csv", "plain_record",
+           "model_for",
            "check_outputs", "count_forwards", "BUILTIN_SYSTEMS", "DEFAULT_WORKLOADS", "HF_BATCH1_ONLY"]
 
 BUILTIN_SYSTEMS = ("ar", "hf-prompt-lookup", "hf-assistant")
@@ -515,6 +516,47 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     return rec
 
 
+def plain_record(workload: str, batch_size: int, n_examples: int, batch_times: list, new_tokens: int,
+                 latency_ms: dict, quality: dict, note: str = "") -> dict:
+    """The ``ar`` record of a workload served by its own plain pipeline (a driving VLA, an image generator):
+    the fields every record has (AR against itself: ``speedup_vs_ar`` 1, ``tau`` 1, identical, lossless),
+    plus ``latency_ms`` (mean per stage over the timed calls, with ``p50`` / ``p90`` of ``total``) and
+    ``quality`` (the workload's own measures), so later speculative systems add records beside it.
+
+    Example:
+        >>> r = plain_record("driving", 1, 2, [0.5, 0.7], 24, {"total": [500.0, 700.0]}, {"reasoning_exact": 1.0})
+        >>> r["tokens_per_s"], r["latency_ms"]["total"], r["latency_ms"]["p90"], r["quality"]["reasoning_exact"]
+        (20.0, 600.0, 680.0, 1.0)
+    """
+    total = sum(batch_times)
+    lat = {k: float(statistics.fmean(v)) for k, v in latency_ms.items() if v}
+    if latency_ms.get("total"):
+        qs = torch.tensor(latency_ms["total"], dtype=torch.float64)
+        lat["p50"], lat["p90"] = float(qs.quantile(0.5)), float(qs.quantile(0.9))
+    return {"workload": workload, "system": "ar", "spec": "ar", "kind": "ar", "batch_size": batch_size,
+            "status": "ok", "n_examples": n_examples, "note": note, "tau": 1.0, "accept_rate": None,
+            "accepted_hist": None, "ceiling_rounds": None, "speedup_vs_ar": 1.0, "speedup_median": 1.0,
+            "forwards_per_token": 1.0, "target_forwards": None, "tokens_per_s": new_tokens / total if total else None,
+            "time_s": total, "identical_to_ar": True, "new_tokens": new_tokens, "lossless": True,
+            "latency_ms": lat, "quality": quality}
+
+
+def model_for(workload: str, model: str | None) -> str | None:
+    """The model folder for ``workload`` from ``--model``: a plain path (every workload), or
+    ``name=PATH,name=PATH`` per workload (``None`` where it names none: the workload's bundled model).
+
+    Example:
+        >>> model_for("images", "driving=/m/vla,images=/m/gen"), model_for("docs", "driving=/m/vla")
+        ('/m/gen', None)
+        >>> model_for("docs", "/m/vlm")
+        '/m/vlm'
+    """
+    if not model or "=" not in model:
+        return model
+    pairs = dict(part.split("=", 1) for part in model.split(",") if part)
+    return pairs.get(workload)
+
+
 # ---------------------------------------------------------------------------- report
 @dataclass
 class BenchReport:
@@ -646,7 +688,7 @@ def _meta(cfg: BenchConfig, model_path: str, model, n: int, max_new: int) -> dic
 
     from . import __version__
 
-    cuda = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
+    cuda = torch.cuda.get_device_name(model.device) if model is not None and model.device.type == "cuda" else None
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"node": platform.node(), "platform": platform.platform(), "processor": platform.processor(),
@@ -656,9 +698,9 @@ def _meta(cfg: BenchConfig, model_path: str, model, n: int, max_new: int) -> dic
         "transformers": transformers.__version__,
         "mmspec": __version__,
         "model": model_path,
-        "model_type": model.config.model_type,
-        "dtype": str(model.dtype),
-        "device": str(model.device),
+        "model_type": model.config.model_type if model is not None else None,
+        "dtype": str(model.dtype) if model is not None else None,
+        "device": str(model.device) if model is not None else (cfg.device or "cpu"),
         "draft_model": cfg.draft_model,
         "args": {**asdict(cfg), "n": n, "max_new_tokens": max_new},
         "speedup": "sum of AR times / sum of system times, interleaved per batch after a warm-up, one run",
@@ -697,14 +739,32 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     n, max_new = cfg.resolved_sizes()
     if not cfg.batch_sizes or any(not isinstance(b, int) or b < 1 for b in cfg.batch_sizes):
         raise InvalidInputError(f"batch sizes must be positive integers (got {cfg.batch_sizes!r})")
-    workloads = _resolve_workloads(cfg.workloads)
-    bundled = [] if cfg.model else next((w.bundled_drafters() for w in workloads if w.bundled_model()), [])
-    names = _resolve_systems(cfg.systems, cfg.draft_model, bundled)
-    examples = {w.name: w.examples(cfg.split, n) for w in workloads}
+    every = _resolve_workloads(cfg.workloads)
+    plain = [w for w in every if w.plain_pipeline]
+    workloads = [w for w in every if not w.plain_pipeline]
+    for w in plain:
+        if not (model_for(w.name, cfg.model) or w.bundled_model()):
+            raise InvalidInputError(f"no model for workload {w.name!r}: none is bundled; pass --model "
+                                    f"{w.name}=PATH (or one --model for every workload)")
+    if plain and not workloads and any(s != "ar" for s in cfg.systems or []):
+        raise InvalidInputError(f"workloads {', '.join(w.name for w in plain)} have no speculative systems yet; "
+                                "their plain pipeline is measured as 'ar'")
+    vlm_model = model_for(workloads[0].name, cfg.model) if workloads and cfg.model else None
+    bundled = [] if vlm_model else next((w.bundled_drafters() for w in workloads if w.bundled_model()), [])
+    names = _resolve_systems(cfg.systems, cfg.draft_model, bundled) if workloads else []
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model_path = cfg.model or default_model_path(workloads)
+    results = []
+    plain_models = {}
+    for w in plain:
+        plain_models[w.name] = model_for(w.name, cfg.model) or w.bundled_model()
+        with _quiet_transformers():
+            results += w.bench_plain(plain_models[w.name], w.examples(cfg.split, n), cfg, progress)
+    if not workloads:
+        return BenchReport(results, {**_meta(cfg, None, None, n, max_new), "models": plain_models})
+    examples = {w.name: w.examples(cfg.split, n) for w in workloads}
+    model_path = vlm_model or default_model_path(workloads)
     with _quiet_transformers():
         pipe = MMSpecPipeline.from_pretrained(model_path)
         device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -712,7 +772,6 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
         systems = build_systems(names, pipe.model, cfg, max_new)
         eos_ids = _eos_ids(pipe.model)
         total = sum((-(-n // bs) + 1) * len(systems) for bs in cfg.batch_sizes) * len(workloads)
-        results = []
         with tqdm(total=total, desc="mmspec bench", file=sys.stderr, disable=not progress, leave=False) as bar:
             for wl in workloads:
                 for bs in cfg.batch_sizes:
@@ -724,7 +783,10 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
                     tallies = _bench_cell(batches, ids, bs, systems, device, eos_ids, bar)
                     ar = tallies[0]
                     results += [_record(wl.name, bs, n, t, ar) for t in tallies]
-    return BenchReport(results, _meta(cfg, model_path, pipe.model, n, max_new))
+    meta = _meta(cfg, model_path, pipe.model, n, max_new)
+    if plain_models:
+        meta["models"] = {**plain_models, **{w.name: model_path for w in workloads}}
+    return BenchReport(results, meta)
 
 
 def check_outputs(json_path=None, png_path=None) -> None:

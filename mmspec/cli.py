@@ -63,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Interleaved benchmark on workloads: speedup over AR measured in one run, "
                                    "tau, forwards per token, identity to AR. Prints a table; --json/--png save it.")
     b.add_argument("--model", default=None,
-                   help="target checkpoint (default: the workload's bundled trained target, else the tiny demo VLM)")
-    b.add_argument("--workload", default=None, help="comma-separated workloads (default: docs,charts)")
+                   help="target checkpoint, or NAME=PATH,... per workload (default: the workload's bundled "
+                        "trained model, else the tiny demo VLM)")
+    b.add_argument("--workload", default=None,
+                   help="comma-separated workloads (default: docs,charts); driving and images run their plain "
+                        "pipelines (latency per stage and quality fields)")
     b.add_argument("--systems", default=None,
                    help="comma-separated: ar, hf-prompt-lookup, hf-assistant, lookup, draft-model, or another "
                         "registered drafter kind[:PATH] (default: all that apply)")

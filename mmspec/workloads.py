@@ -73,6 +73,19 @@ class Workload:
         """Drafter specs trained for :meth:`bundled_model` that ship with it (e.g. ``["eagle:DIR"]``)."""
         return []
 
+    plain_pipeline = False
+    """``True`` for workloads served by their own pipeline (a driving VLA's step, an image generator) rather
+    than a text-generating target: ``mmspec bench`` then calls :meth:`bench_plain` for them."""
+
+    def bench_plain(self, model: str | None, examples: list, cfg, progress: bool = True) -> list[dict]:
+        """Measure this workload's own plain (non-speculative) pipeline on ``examples``: the ``ar`` records of
+        ``mmspec bench`` (:func:`mmspec.bench.plain_record`), with latency per stage and quality fields.
+
+        ``model``: the folder to load (``None``: :meth:`bundled_model`); ``cfg``: the
+        :class:`~mmspec.bench.BenchConfig` of the run. Only workloads with :attr:`plain_pipeline` implement it.
+        """
+        raise NotImplementedError(f"workload {self.name!r} is benchmarked through a target's generate")
+
     def examples(self, split: str, n: int, start: int = 0) -> list[Example]:
         """Items ``start .. start + n - 1`` of ``split``."""
         check_item(split, start)
