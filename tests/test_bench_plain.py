@@ -87,3 +87,19 @@ def test_plain_workloads_fail_early_on_what_they_cannot_do(monkeypatch):
         run_bench(BenchConfig(workloads=["driving"], n=1), progress=False)
     with pytest.raises(InvalidInputError, match="no speculative systems yet"):
         run_bench(BenchConfig(model="driving=/x", workloads=["driving"], systems=["lookup"], n=1), progress=False)
+
+
+def test_image_cli_evaluates_the_tokenizer_and_the_generator(tiny_generator, tmp_path, capsys):
+    import os
+
+    from mmspec.image_ar.evaluate import main
+    from mmspec.image_ar.quality import train_classifier
+
+    train_classifier(str(tmp_path / "clf"), steps=1, batch_size=4, progress=False)
+    assert main(["eval", "--vq", os.path.join(tiny_generator, "vq"), "--generator", tiny_generator,
+                 "--classifier", str(tmp_path / "clf"), "--n", "3", "--threads", "1"]) == 0
+    vq, gen = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert vq["vq"]["n"] == 256 and vq["vq"]["psnr_db"] > 0 and 1 <= vq["vq"]["codes_used"] <= 16
+    g = gen["generator"]
+    assert g["n"] == 3 and g["fid"] >= 0 and g["fid_real_vs_real"] >= 0 and g["fid_vq_reconstruction"] >= 0
+    assert 0 <= g["prompt_accuracy"] <= 1 and 0 <= g["vq_prompt_accuracy"] <= 1

@@ -1,0 +1,135 @@
+"""Measure the image world's models, and the command line that trains and measures them.
+
+* :func:`evaluate_vq`: reconstruction PSNR / MSE of the VQ-VAE on test pictures, and the codebook use.
+* :func:`evaluate_generator`: the AR generator's FID and prompt accuracy on test prompts, next to the
+  references that make them readable: the FID between two disjoint sets of *real* test pictures of the same
+  size (the floor an ideal generator reaches at this ``n``), the FID of VQ reconstructions of the real
+  pictures (the ceiling the tokenizer allows), and the classifier's prompt accuracy on the real pictures.
+
+``python -m mmspec.image_ar train-vq|train-classifier|train-generator|eval`` runs them (progress bars,
+checkpoints, resume).
+
+Example:
+    >>> pipe = ImageARPipeline.from_pretrained("image-gen")                                 # doctest: +SKIP
+    >>> evaluate_generator(pipe, WorldClassifier.from_pretrained("world-clf"), n=200)       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from .quality import WorldClassifier, fid, prompt_accuracy
+from .vq import VQVAE, psnr, to_image, to_tensor
+
+__all__ = ["evaluate_vq", "evaluate_generator", "main"]
+
+
+@torch.no_grad()
+def evaluate_vq(vq: VQVAE, n: int = 256, batch_size: int = 64, split: str = "test") -> dict:
+    """``{"psnr_db", "mse", "codes_used", "codebook_size", "n"}`` on ``n`` pictures of ``split`` (MSE in the
+    ``[-1, 1]`` range the model sees)."""
+    from mmspec.workloads import get_workload
+
+    wl = get_workload("images")
+    errs, used, total_psnr = [], set(), 0.0
+    for start in range(0, n, batch_size):
+        x = to_tensor([ex.meta["image"] for ex in wl.examples(split, min(batch_size, n - start), start=start)])
+        codes = vq.encode(x)
+        recon = vq.decode(codes)
+        used |= set(codes.flatten().tolist())
+        errs.append(torch.nn.functional.mse_loss(recon.clamp(-1, 1), x).item() * len(x))
+        total_psnr += psnr(recon, x) * len(x)
+    return {"n": n, "psnr_db": total_psnr / n, "mse": sum(errs) / n, "codes_used": len(used),
+            "codebook_size": vq.codebook_size}
+
+
+@torch.no_grad()
+def evaluate_generator(pipe, clf: WorldClassifier, n: int = 200, cfg_scale: float = 3.0, batch_size: int = 8,
+                       split: str = "test", seed: int = 0, progress: bool = True) -> dict:
+    """FID and prompt accuracy of ``n`` images generated for the first ``n`` prompts of ``split``, with the
+    real-vs-real FID floor, the VQ-reconstruction FID and the classifier's accuracy on real pictures."""
+    from tqdm.auto import tqdm
+
+    from mmspec.workloads import get_workload
+
+    wl = get_workload("images")
+    exs = wl.examples(split, n)
+    others = [ex.meta["image"] for ex in wl.examples(split, n, start=n)]
+    prompts = [ex.prompt for ex in exs]
+    real = [ex.meta["image"] for ex in exs]
+    generated = []
+    for i in tqdm(range(0, n, batch_size), desc="generate", file=sys.stderr, disable=not progress):
+        generated += pipe(prompts[i:i + batch_size], seed=seed + i, cfg_scale=cfg_scale)
+    out = {"n": n, "cfg_scale": cfg_scale, "fid": fid(clf, generated, real), "fid_real_vs_real": fid(clf, others, real)}
+    acc = prompt_accuracy(clf, generated, prompts)
+    out["prompt_accuracy"], out["field_accuracy"] = acc.pop("all"), acc
+    out["real_prompt_accuracy"] = prompt_accuracy(clf, real, prompts)["all"]
+    if pipe.vq is not None:
+        recon = [to_image(r) for i in range(0, n, 64)
+                 for r in pipe.vq.decode(pipe.vq.encode(to_tensor(real[i:i + 64])))]
+        out["fid_vq_reconstruction"] = fid(clf, recon, real)
+        out["vq_prompt_accuracy"] = prompt_accuracy(clf, recon, prompts)["all"]
+    return out
+
+
+def main(argv=None) -> int:
+    """``python -m mmspec.image_ar COMMAND``: train the VQ-VAE, the world classifier or the generator, or
+    evaluate them (JSON lines on stdout)."""
+    import argparse
+
+    from .generator import ImageARPipeline, train_generator
+    from .quality import train_classifier
+    from .vq import train_vq
+
+    p = argparse.ArgumentParser(prog="python -m mmspec.image_ar")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("train-vq", help="train (or resume) the VQ-VAE tokenizer")
+    v.add_argument("--out", required=True)
+    v.add_argument("--steps", type=int, default=3000)
+    v.add_argument("--batch-size", type=int, default=32)
+    c = sub.add_parser("train-classifier", help="train the world classifier (FID features, prompt accuracy)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--steps", type=int, default=1500)
+    c.add_argument("--batch-size", type=int, default=64)
+    g = sub.add_parser("train-generator", help="train (or resume) the AR generator over a trained VQ-VAE")
+    g.add_argument("--out", required=True)
+    g.add_argument("--vq", required=True)
+    g.add_argument("--steps", type=int, default=3000)
+    g.add_argument("--batch-size", type=int, default=16)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--size", default="small", choices=["tiny", "small"])
+    e = sub.add_parser("eval", help="VQ reconstruction, and the generator's FID and prompt accuracy")
+    e.add_argument("--generator", default=None)
+    e.add_argument("--vq", default=None)
+    e.add_argument("--classifier", default=None, help="default: the bundled world classifier")
+    e.add_argument("--n", type=int, default=200)
+    e.add_argument("--cfg-scale", type=float, default=3.0)
+    for sp in (v, c, g, e):
+        sp.add_argument("--threads", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cmd == "train-vq":
+        train_vq(args.out, steps=args.steps, batch_size=args.batch_size)
+    elif args.cmd == "train-classifier":
+        train_classifier(args.out, steps=args.steps, batch_size=args.batch_size)
+    elif args.cmd == "train-generator":
+        train_generator(args.out, args.vq, steps=args.steps, batch_size=args.batch_size, lr=args.lr, size=args.size)
+    else:
+        from mmspec.errors import InvalidInputError
+
+        from .quality import bundled_classifier
+
+        if args.vq:
+            print(json.dumps({"vq": evaluate_vq(VQVAE.from_pretrained(args.vq))}))
+        if args.generator:
+            path = args.classifier or bundled_classifier()
+            if not path:
+                raise InvalidInputError("no world classifier: pass --classifier PATH (train-classifier makes one)")
+            pipe = ImageARPipeline.from_pretrained(args.generator)
+            print(json.dumps({"generator": evaluate_generator(pipe, WorldClassifier.from_pretrained(path), n=args.n,
+                                                              cfg_scale=args.cfg_scale)}))
+    return 0
