@@ -67,6 +67,9 @@ def test_training_runs_resumes_and_evaluates(tmp_path):
     model = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path)
     res = evaluate(model, AutoProcessor.from_pretrained(tmp_path), "charts", n=2, max_new_tokens=4, batch_size=2)
     assert res["n"] == 2 and 0.0 <= res["exact_match"] <= 1.0 and res["char_error_rate"] > 0
+    blocks = evaluate(model, AutoProcessor.from_pretrained(tmp_path), "docs", n=2, max_new_tokens=4, batch_size=2,
+                      options={"mode": "block"})
+    assert set(blocks["exact_by_kind"]) == {"block"} and blocks["cer_by_kind"]["block"] == blocks["char_error_rate"]
     # The saved config is sdpa again (eager was only for reading the attention probabilities in training).
     assert model.config.text_config._attn_implementation in (None, "sdpa")
     out = export_target(str(tmp_path), str(tmp_path / "export"))

@@ -438,15 +438,18 @@ def _edit_distance(a: str, b: str) -> int:
 
 
 @torch.no_grad()
-def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int = 256, batch_size: int = 4) -> dict:
-    """Exact match and normalised character edit distance of greedy answers on the test split.
+def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int = 256, batch_size: int = 4,
+             options: dict | None = None) -> dict:
+    """Exact match and normalised character edit distance of greedy answers on the test split, overall, by
+    regime (charts: copy / grounded / caption) and by kind (docs: page / block); ``options`` are the
+    workload's constructor arguments (e.g. ``{"mode": "block"}``).
 
     Example:
         >>> evaluate(model, processor, "charts", n=8)          # doctest: +SKIP
         {'workload': 'charts', 'n': 8, 'exact_match': 0.75, 'char_error_rate': 0.04, ...}
     """
-    wl = get_workload(workload)
-    exact, errors, chars, by_regime = 0, 0, 0, {}
+    wl = get_workload(workload, **(options or {}))
+    exact, errors, chars, by_regime, by_kind = 0, 0, 0, {}, {}
     model.eval()
     for start in range(0, n, batch_size):
         exs = wl.examples("test", min(batch_size, n - start), start=start)
@@ -455,15 +458,21 @@ def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int =
         texts = processor.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
         for ex, text in zip(exs, texts):
             ok = text.strip() == ex.target.strip()
+            err = _edit_distance(text.strip(), ex.target.strip())
             exact += ok
-            errors += _edit_distance(text.strip(), ex.target.strip())
+            errors += err
             chars += max(1, len(ex.target.strip()))
-            regime = ex.meta.get("regime", "copy")
-            hit = by_regime.setdefault(regime, [0, 0])
-            hit[0] += ok
-            hit[1] += 1
+            for table, key in ((by_regime, ex.meta.get("regime", "copy")), (by_kind, ex.meta.get("kind", "-"))):
+                hit = table.setdefault(key, [0, 0, 0, 0])  # exact, items, edit errors, target characters
+                hit[0] += ok
+                hit[1] += 1
+                hit[2] += err
+                hit[3] += max(1, len(ex.target.strip()))
     return {"workload": workload, "n": n, "exact_match": exact / n, "char_error_rate": errors / chars,
-            "exact_by_regime": {k: v[0] / v[1] for k, v in by_regime.items()}}
+            "exact_by_regime": {k: v[0] / v[1] for k, v in by_regime.items()},
+            "cer_by_regime": {k: v[2] / v[3] for k, v in by_regime.items()},
+            "exact_by_kind": {k: v[0] / v[1] for k, v in by_kind.items()},
+            "cer_by_kind": {k: v[2] / v[3] for k, v in by_kind.items()}}
 
 
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
@@ -533,6 +542,9 @@ def main(argv=None) -> int:
     e.add_argument("--model", default=None, help="default: the bundled target")
     e.add_argument("--n", type=int, default=20)
     e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--workload", default="docs,charts")
+    e.add_argument("--docs-mode", default=None, choices=["page", "block", "mix"],
+                   help="docs items: pages, block crops, or the workload's default mix")
     args = p.parse_args(argv)
     if args.cmd == "train":
         cfg = TargetTrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"})
@@ -546,8 +558,10 @@ def main(argv=None) -> int:
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(args.model).eval()
     processor = AutoProcessor.from_pretrained(args.model)
-    for name in ("docs", "charts"):
-        print(json.dumps(evaluate(model, processor, name, n=args.n, max_new_tokens=args.max_new_tokens)))
+    for name in args.workload.split(","):
+        options = {"mode": args.docs_mode} if name == "docs" and args.docs_mode else None
+        print(json.dumps(evaluate(model, processor, name, n=args.n, max_new_tokens=args.max_new_tokens,
+                                  options=options)))
     return 0
 
 
