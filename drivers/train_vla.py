@@ -29,7 +29,7 @@ from mmspec.train import add_config_arguments, trim_log
 from mmspec.vision.testbed import PatchReader
 from mmspec.workloads import get_workload
 
-from .vla import TrajectoryExpert, next_text_positions
+from .vla import ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION, TrajectoryExpert, next_text_positions
 from .world import DT, LABELS
 
 __all__ = ["DrivingVLA", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla", "vla_losses",
@@ -65,7 +65,9 @@ class DrivingVLA(torch.nn.Module):
         self.processor.save_pretrained(path)
         save_file({k: v.contiguous() for k, v in self.expert.state_dict().items()}, os.path.join(path, EXPERT_NAME))
         with open(os.path.join(path, EXPERT_CONFIG), "w") as f:
-            json.dump({"horizon": self.expert.horizon, "num_steps": self.expert.num_steps}, f)
+            json.dump({"horizon": self.expert.horizon, "num_steps": self.expert.num_steps,
+                       "action_mean": self.expert.action_mean.tolist(),
+                       "action_scale": self.expert.action_scale.tolist()}, f)
 
     @classmethod
     def from_pretrained(cls, path: str) -> "DrivingVLA":
@@ -74,7 +76,7 @@ class DrivingVLA(torch.nn.Module):
 
         backbone = Qwen2VLForConditionalGeneration.from_pretrained(path).eval()
         with open(os.path.join(path, EXPERT_CONFIG)) as f:
-            expert = TrajectoryExpert(backbone.config.text_config, **json.load(f))
+            expert = TrajectoryExpert(backbone.config.text_config, **{**LEGACY_NORMALIZATION, **json.load(f)})
         expert.load_state_dict(load_file(os.path.join(path, EXPERT_NAME)))
         return cls(backbone, AutoProcessor.from_pretrained(path), expert.eval())
 
@@ -136,7 +138,8 @@ def vla_losses(vla: DrivingVLA, examples, reader, generator=None) -> dict:
 @dataclass
 class VLATrainConfig:
     """Hyper-parameters of :func:`train_vla` (saved beside the checkpoint); ``stop_after`` ends this run early
-    while the schedule still spans ``steps``."""
+    while the schedule still spans ``steps``; ``init`` starts from another checkpoint's weights (fresh
+    optimizer and schedule; the action expert takes the current action normalisation)."""
 
     out: str = "driving-vla"
     size: str = "small"
@@ -152,6 +155,7 @@ class VLATrainConfig:
     stop_after: int = 0
     tokenizer_texts: int = 2000
     vocab_size: int = 512
+    init: str = ""
 
 
 def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
@@ -163,8 +167,14 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     os.makedirs(cfg.out, exist_ok=True)
     state_path = os.path.join(cfg.out, "state.pt")
     resume = os.path.isfile(state_path)
-    vla = DrivingVLA.from_pretrained(cfg.out) if resume else build_vla(cfg.size, cfg.tokenizer_texts, cfg.vocab_size,
-                                                                      cfg.seed)
+    if resume:
+        vla = DrivingVLA.from_pretrained(cfg.out)
+    elif cfg.init:
+        vla = DrivingVLA.from_pretrained(cfg.init)
+        vla.expert.action_mean.copy_(torch.tensor(ACTION_MEAN))
+        vla.expert.action_scale.copy_(torch.tensor(ACTION_SCALE))
+    else:
+        vla = build_vla(cfg.size, cfg.tokenizer_texts, cfg.vocab_size, cfg.seed)
     reader = PatchReader(vla.backbone.config.text_config.hidden_size, len(LABELS))
     params = list(vla.backbone.parameters()) + list(vla.expert.parameters()) + list(reader.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)

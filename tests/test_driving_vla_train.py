@@ -4,9 +4,11 @@ step, and the evaluation fields."""
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from mmspec.drivers.pipeline import STAGES, DrivingPipeline
+from mmspec.drivers.vla import ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION
 from mmspec.drivers.train_vla import DrivingVLA, VLATrainConfig, constant_velocity, evaluate_vla, train_vla
 from mmspec.workloads import get_workload
 
@@ -22,6 +24,14 @@ def test_training_resumes_saves_and_drives(tmp_path):
     loaded = DrivingVLA.from_pretrained(str(tmp_path))
     for (k, a), (_, b) in zip(sorted(vla.expert.state_dict().items()), sorted(loaded.expert.state_dict().items())):
         assert torch.equal(a, b), k
+    assert torch.equal(loaded.expert.action_scale, torch.tensor(ACTION_SCALE))
+    # A checkpoint from before the normalisation was saved loads with the scale it was trained with.
+    conf = tmp_path / "action_expert.json"
+    conf.write_text(json.dumps({k: v for k, v in json.loads(conf.read_text()).items() if not k.startswith("action")}))
+    legacy = DrivingVLA.from_pretrained(str(tmp_path)).expert
+    assert legacy.action_scale.tolist() == pytest.approx(list(LEGACY_NORMALIZATION["action_scale"]))
+    conf.write_text(json.dumps({"horizon": 64, "num_steps": 10, "action_mean": list(ACTION_MEAN),
+                                "action_scale": list(ACTION_SCALE)}))
     ex = get_workload("driving").example("test", 0)
     out = DrivingPipeline(loaded, max_reasoning_tokens=6).step(ex.images, ex.meta["history"], ex.meta["speed"],
                                                                num_samples=2)
