@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     g.add_argument("--steps", type=int, default=3000)
     g.add_argument("--batch-size", type=int, default=16)
     g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--size", default="small", choices=["tiny", "small"])
+    g.add_argument("--size", default="small", choices=["tiny", "medium", "small"])
     e = sub.add_parser("eval", help="VQ reconstruction, and the generator's FID and prompt accuracy")
     e.add_argument("--generator", default=None)
     e.add_argument("--vq", default=None)

@@ -56,7 +56,7 @@ def build_generator(vq: VQVAE, size: str = "small", tokenizer_texts: int = 2000,
 
     wl = get_workload("images")
     tok = _tokenizer([wl.text_example("train", i).prompt for i in range(tokenizer_texts)], vocab_size)
-    dims = {"tiny": (64, 128, 2, 4), "small": (256, 704, 6, 8)}[size]
+    dims = {"tiny": (64, 128, 2, 4), "medium": (192, 512, 4, 6), "small": (256, 704, 6, 8)}[size]
     config = LlamaConfig(vocab_size=len(tok) + vq.codebook_size, hidden_size=dims[0], intermediate_size=dims[1],
                          num_hidden_layers=dims[2], num_attention_heads=dims[3], num_key_value_heads=dims[3] // 2,
                          max_position_embeddings=64 + grid * grid, bos_token_id=tok.bos_token_id,

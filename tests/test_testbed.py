@@ -52,11 +52,12 @@ def test_aux_targets_mark_the_drawn_characters(examples):
 
 def test_training_runs_resumes_and_evaluates(tmp_path):
     cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=3, stop_after=2, batch_size=2, save_every=1,
-                            tokenizer_texts=100, vocab_size=400, warmup=1)
+                            tokenizer_texts=100, vocab_size=400, warmup=1, track_weight=0.5)
     train_target(cfg, progress=False)
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
-    assert all(r["lm_loss"] > 0 and r["aux_loss"] > 0 and r["read_loss"] > 0 and r["locate_loss"] > 0 for r in log)
+    assert all(r["lm_loss"] > 0 and r["aux_loss"] > 0 and r["read_loss"] > 0 and r["locate_loss"] > 0
+               and r["track_loss"] > 0 for r in log)
     cfg.stop_after = 0
     train_target(cfg, progress=False)  # resumes at step 2, same schedule
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]

@@ -223,7 +223,10 @@ class TargetTrainConfig:
     """Hyper-parameters of :func:`train_target` (saved beside the checkpoint).
 
     ``aux_weight``: the vision tower's character reader; ``read_weight``: head 0 of ``read_layers`` (default
-    the two middle layers) must attend to the image token showing the next answer token; ``locate_weight``:
+    the two middle layers) must attend to the image token showing the next answer token; ``track_weight``:
+    head 1 of the layer before the first reading layer must attend to the image token showing the *current* token (a content
+    match, easy to learn, whose output carries that cell's row and column: the later pointer then only adds
+    an offset); ``locate_weight``:
     the first text layer must know each image token's row and column. ``init``: start from another
     checkpoint's weights (fresh optimizer and schedule); ``stop_after``: end this run at that step while the
     learning-rate schedule still spans ``steps`` (resume later to continue it).
@@ -238,6 +241,7 @@ class TargetTrainConfig:
     aux_weight: float = 1.0
     read_weight: float = 0.5
     read_layers: str = ""
+    track_weight: float = 0.0
     locate_weight: float = 0.5
     init: str = ""
     stop_after: int = 0
@@ -352,7 +356,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     if cfg.read_weight and read_layers:
         # Attention probabilities come out of the eager kernel only; the saved config goes back to sdpa.
         model.set_attn_implementation({"text_config": "eager"})
-        for li in read_layers:
+        track_layer = max(read_layers[0] - 1, 0)
+        for li in sorted(set(read_layers) | ({track_layer} if cfg.track_weight else set())):
             hooks.append(model.model.language_model.layers[li].self_attn.register_forward_hook(
                 lambda m, a, out, li=li: captured.__setitem__(("attn", li), out[1])))
     log_path = os.path.join(cfg.out, "train_log.jsonl")
@@ -371,7 +376,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             aux_logits = reader(captured["h"])
             aux = torch.nn.functional.binary_cross_entropy_with_logits(aux_logits, aux_y, pos_weight=torch.tensor(8.0))
             loss = out.loss + cfg.aux_weight * aux
-            read = torch.zeros(())
+            read = track = torch.zeros(())
             if cfg.read_weight and read_layers:
                 where = reading_targets(processor, examples, batch)
                 b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
@@ -380,6 +385,14 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
                     read = torch.stack([-torch.log(captured[("attn", li)][b_idx, 0, q_idx, where[b_idx, q_idx]] + 1e-6)
                                         .mean() for li in read_layers]).mean()
                     loss = loss + cfg.read_weight * read
+                if cfg.track_weight:
+                    # Position q shows the token predicted at q - 1: its cell is where[q - 1].
+                    current = torch.full_like(where, -1)
+                    current[:, 1:] = where[:, :-1]
+                    cb, cq = (current >= 0).nonzero(as_tuple=True)
+                    if len(cb):
+                        track = -torch.log(captured[("attn", track_layer)][cb, 1, cq, current[cb, cq]] + 1e-6).mean()
+                        loss = loss + cfg.track_weight * track
             locate = locator.loss(captured["layer0"], batch, image_id) if cfg.locate_weight else torch.zeros(())
             loss = loss + cfg.locate_weight * locate
             opt.zero_grad(set_to_none=True)
@@ -390,9 +403,11 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             loc_opt.step()
             sched.step()
             rec = {"step": step + 1, "lm_loss": round(out.loss.item(), 4), "aux_loss": round(aux.item(), 4),
-                   "read_loss": round(read.item(), 4), "locate_loss": round(locate.item(), 4),
+                   "read_loss": round(read.item(), 4), "track_loss": round(track.item(), 4),
+                   "locate_loss": round(locate.item(), 4),
                    "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
-            bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], read=rec["read_loss"], loc=rec["locate_loss"])
+            bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], read=rec["read_loss"], track=rec["track_loss"],
+                            loc=rec["locate_loss"])
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             if (step + 1) % cfg.save_every == 0 or step + 1 == end:
