@@ -57,13 +57,18 @@ class DrivingVLA(torch.nn.Module):
         self.backbone, self.expert = backbone, expert
         self.processor = processor
 
-    def save_pretrained(self, path: str) -> None:
-        from safetensors.torch import save_file
+    def save_pretrained(self, path: str, dtype=None) -> None:
+        """Backbone, processor and expert under ``path``; ``dtype`` (e.g. ``torch.bfloat16``) stores the
+        weights compactly (loading upcasts to float32)."""
+        from mmspec.checkpoints import save_hf_compact, save_state_compact
 
         os.makedirs(path, exist_ok=True)
-        self.backbone.save_pretrained(path)
+        if dtype is None:
+            self.backbone.save_pretrained(path)
+        else:
+            save_hf_compact(self.backbone, path, dtype)
         self.processor.save_pretrained(path)
-        save_file({k: v.contiguous() for k, v in self.expert.state_dict().items()}, os.path.join(path, EXPERT_NAME))
+        save_state_compact(self.expert.state_dict(), os.path.join(path, EXPERT_NAME), dtype)
         with open(os.path.join(path, EXPERT_CONFIG), "w") as f:
             json.dump({"horizon": self.expert.horizon, "num_steps": self.expert.num_steps,
                        "action_mean": self.expert.action_mean.tolist(),

@@ -151,12 +151,19 @@ class ImageARPipeline:
         model.generation_config.image_code_offset = extra["image_code_offset"]
         return cls(model, tok, VQVAE.from_pretrained(os.path.join(path, "vq")), grid=extra["grid"])
 
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, dtype=None) -> None:
+        """Model, tokenizer (and for the llama backend the VQ-VAE and the grid); ``dtype`` stores the weights
+        compactly (loading upcasts to float32)."""
+        from mmspec.checkpoints import save_hf_compact
+
         os.makedirs(path, exist_ok=True)
-        self.model.save_pretrained(path)
+        if dtype is None:
+            self.model.save_pretrained(path)
+        else:
+            save_hf_compact(self.model, path, dtype)
         self.tokenizer.save_pretrained(path)
         if self.backend == "llama":
-            self.vq.save_pretrained(os.path.join(path, "vq"))
+            self.vq.save_pretrained(os.path.join(path, "vq"), dtype)
             with open(os.path.join(path, GEN_CONFIG), "w") as f:
                 json.dump({"image_code_offset": int(self.model.generation_config.image_code_offset),
                            "grid": self.grid}, f)

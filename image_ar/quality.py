@@ -60,13 +60,14 @@ class WorldClassifier(nn.Module):
         f = self.trunk(x)
         return {k: h(f) for k, h in self.heads.items()}
 
-    def save_pretrained(self, path: str) -> None:
-        from safetensors.torch import save_file
+    def save_pretrained(self, path: str, dtype=None) -> None:
+        """``config.json`` and ``model.safetensors`` (floating weights in ``dtype`` if given)."""
+        from mmspec.checkpoints import save_state_compact
 
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump({"model_type": "mmspec-world-classifier", "arch": self.arch}, f)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(path, "model.safetensors"))
+        save_state_compact(self.state_dict(), os.path.join(path, "model.safetensors"), dtype)
 
     @classmethod
     def from_pretrained(cls, path: str) -> "WorldClassifier":

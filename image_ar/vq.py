@@ -145,13 +145,14 @@ class VQVAE(nn.Module):
             self.ema_count[dead] = 1.0
             self.last_used[dead] = self.steps.float()
 
-    def save_pretrained(self, path: str) -> None:
-        from safetensors.torch import save_file
+    def save_pretrained(self, path: str, dtype=None) -> None:
+        """``config.json`` and ``model.safetensors`` (floating weights in ``dtype`` if given)."""
+        from mmspec.checkpoints import save_state_compact
 
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump({"model_type": "mmspec-vqvae", **self.config}, f, indent=2)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(path, "model.safetensors"))
+        save_state_compact(self.state_dict(), os.path.join(path, "model.safetensors"), dtype)
 
     @classmethod
     def from_pretrained(cls, path: str) -> "VQVAE":

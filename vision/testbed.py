@@ -519,26 +519,16 @@ def export_target(src: str, out: str = TARGET_DIR, dtype=torch.bfloat16) -> str:
     Example:
         >>> export_target(".mmspec_cache/testbed-read", "/tmp/testbed-vlm")                # doctest: +SKIP
     """
-    import shutil
-
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+    from mmspec.checkpoints import copy_training_files, save_hf_compact
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
     processor = AutoProcessor.from_pretrained(src)
     os.makedirs(out, exist_ok=True)
-    model.to(dtype).save_pretrained(out)
+    save_hf_compact(model, out, dtype)
     processor.save_pretrained(out)
-    path = os.path.join(out, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    for sub in (config, config.get("text_config", {}), config.get("vision_config", {})):
-        if "dtype" in sub:
-            sub["dtype"] = "float32"
-    with open(path, "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    for name in ("train_log.jsonl", "train_config.json"):
-        if os.path.isfile(os.path.join(src, name)):
-            shutil.copy(os.path.join(src, name), os.path.join(out, name))
+    copy_training_files(src, out)
     return out
 
 
