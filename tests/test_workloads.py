@@ -183,6 +183,26 @@ def test_modes_options_and_seed():
     assert DocsWorkload(seed=1).example("train", 0).target != DocsWorkload().example("train", 0).target
 
 
+def test_scrambled_text_keeps_layout_and_drops_the_language():
+    import re
+
+    plain = DocsWorkload(mode="block").examples("test", 12)
+    assert all(e.meta["text"] == "natural" for e in plain)
+    w = DocsWorkload(mode="block", scrambled_fraction=0.5, char_boxes=True)
+    mixed = w.examples("test", 40)
+    kinds = [e.meta["text"] for e in mixed]
+    assert 8 <= kinds.count("scrambled") <= 32 and [e.target for e in mixed] == [e.target for e in w.examples("test", 40)]
+    words = lambda es: {t for e in es for t in re.findall(r"[A-Za-z]{4,}", e.target)}  # noqa: E731
+    scrambled = [e for e in mixed if e.meta["text"] == "scrambled"]
+    natural = words(DocsWorkload(mode="block").examples("train", 200))
+    assert len(words(scrambled) & natural) < 0.1 * len(words(scrambled))  # no vocabulary left to predict
+    for e in scrambled:  # the picture shows exactly what the target says, as for natural text
+        drawn = "".join(r["text"] for r in e.meta["runs"])
+        assert all(ch in drawn or not ch.isalnum() for ch in e.target)
+    with pytest.raises(InvalidInputError):
+        DocsWorkload(scrambled_fraction=1.5)
+
+
 def test_default_font_fallback(monkeypatch):
     """With no TTF on the machine, Pillow's bundled font draws everything."""
     from mmspec.vision.workloads import render

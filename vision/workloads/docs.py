@@ -34,7 +34,7 @@ from mmspec.workloads import Example
 
 from mmspec.workloads import SeededWorkload
 from .render import Canvas, augment, font_families, get_font, line_height, text_width, wrap_words
-from .text import TextGen
+from .text import ScrambledTextGen, TextGen
 
 __all__ = ["DocsWorkload", "block_markdown", "page_markdown", "BLOCK_TYPES"]
 
@@ -266,6 +266,9 @@ class DocsWorkload(SeededWorkload):
         augment: apply light noise, rotation (up to ``max_rotation`` degrees) and blur.
         block_types: the content block types to draw from (see :data:`BLOCK_TYPES`).
         char_boxes: record each character's left edge in ``meta["runs"]`` (slower).
+        scrambled_fraction: share of items whose letters and digits are random (same layouts and lengths,
+            no language prior: :class:`~mmspec.vision.workloads.text.ScrambledTextGen`); a curriculum for
+            targets that must learn to read. ``meta["text"]`` says which.
         seed: mixed into every item's seed; another value gives another world.
 
     ``meta``: ``regime`` (always ``"copy"``), ``kind``, ``blocks`` (the placed blocks as dicts, each with
@@ -295,7 +298,8 @@ class DocsWorkload(SeededWorkload):
     def __init__(self, width: int = 336, height: int = 448, *, min_blocks: int = 2, max_blocks: int = 3,
                  mode: str = "mix", block_fraction: float = 0.3, font_sizes: tuple[int, int] = (11, 14),
                  fonts="auto", augment: bool = True, max_rotation: float = 1.0,
-                 block_types=BLOCK_TYPES, crop_multiple: int = 28, char_boxes: bool = False, seed: int = 0):
+                 block_types=BLOCK_TYPES, crop_multiple: int = 28, char_boxes: bool = False,
+                 scrambled_fraction: float = 0.0, seed: int = 0):
         if mode not in ("page", "block", "mix"):
             raise InvalidInputError(f"mode must be 'page', 'block' or 'mix', got {mode!r}")
         if width < 160 or height < 112:
@@ -315,6 +319,9 @@ class DocsWorkload(SeededWorkload):
         self.augment, self.max_rotation = augment, float(max_rotation)
         self.block_types = tuple(block_types)
         self.crop_multiple, self.char_boxes, self.seed = int(crop_multiple), char_boxes, int(seed)
+        if not 0.0 <= scrambled_fraction <= 1.0:
+            raise InvalidInputError(f"scrambled_fraction must be in [0, 1], got {scrambled_fraction}")
+        self.scrambled_fraction = float(scrambled_fraction)
 
     # ------------------------------------------------------------------ generation
     def generate(self, rng: random.Random, nrng: np.random.Generator, split: str, index: int,
@@ -322,7 +329,9 @@ class DocsWorkload(SeededWorkload):
         u_kind = rng.random()
         kind = "block" if self.mode == "block" or (self.mode == "mix" and u_kind < self.block_fraction) else "page"
         st = self._style(rng)
-        g = TextGen(rng)
+        # Only drawn when asked for, so the default world's items stay what they were.
+        scrambled = self.scrambled_fraction > 0 and rng.random() < self.scrambled_fraction
+        g = ScrambledTextGen(rng) if scrambled else TextGen(rng)
         inner = self.width - 2 * st.margin
         placed: list[tuple[_Laid, int]] = []  # (laid block, y)
         if kind == "page":
@@ -352,7 +361,8 @@ class DocsWorkload(SeededWorkload):
             b["box"] = [st.margin, y, st.margin + laid.width, y + laid.height]
             blocks.append(b)
         target = page_markdown(blocks)
-        meta = {"regime": "copy", "kind": kind, "blocks": blocks, "font": st.family, "font_size": st.size}
+        meta = {"regime": "copy", "kind": kind, "blocks": blocks, "font": st.family, "font_size": st.size,
+                "text": "scrambled" if scrambled else "natural"}
         images = []
         if draw:
             img = Image.new("RGB", (self.width, img_h), st.bg)
