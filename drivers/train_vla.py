@@ -33,7 +33,7 @@ from .vla import ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION, TrajectoryExpe
 from .world import DT, LABELS
 
 __all__ = ["DrivingVLA", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla", "vla_losses",
-           "constant_velocity", "closed_loop", "score_step", "summarize_scores"]
+           "constant_velocity", "closed_loop", "score_step", "summarize_scores", "bundled_vla", "export_vla"]
 
 PATCH, MERGE = 14, 2
 VLA_SIZES = {
@@ -225,6 +225,30 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     return vla.eval()
 
 
+VLA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-vla")
+
+
+def bundled_vla() -> str | None:
+    """The bundled trained driving VLA's folder (``None`` if this install has none); what ``mmspec bench
+    --workload driving`` runs when no model is named.
+
+    Example:
+        >>> bundled_vla() is None or os.path.isfile(os.path.join(bundled_vla(), "action_expert.json"))
+        True
+    """
+    return VLA_DIR if os.path.isfile(os.path.join(VLA_DIR, EXPERT_NAME)) else None
+
+
+def export_vla(src: str, out: str = VLA_DIR, dtype=torch.bfloat16) -> str:
+    """The shippable copy of a trained VLA: weights in ``dtype`` (loaded as float32), training log and config
+    beside them. What ships is this rounded model; measurements use it, not ``src``."""
+    from mmspec.checkpoints import copy_training_files
+
+    DrivingVLA.from_pretrained(src).save_pretrained(out, dtype=dtype)
+    copy_training_files(src, out)
+    return out
+
+
 def constant_velocity(speed: float, n: int = 64) -> np.ndarray:
     """The constant-velocity baseline: straight ahead at the current speed, ``[n, 2]``."""
     return np.stack([speed * DT * np.arange(1, n + 1), np.zeros(n)], 1)
@@ -350,8 +374,11 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     add_config_arguments(t, VLATrainConfig)
+    x = sub.add_parser("export", help="write the shippable (bfloat16) copy of a trained VLA")
+    x.add_argument("--model", required=True)
+    x.add_argument("--out", default=VLA_DIR)
     e = sub.add_parser("eval")
-    e.add_argument("--model", required=True)
+    e.add_argument("--model", default=None, help="default: the bundled VLA")
     e.add_argument("--n", type=int, default=24)
     e.add_argument("--samples", type=int, default=6)
     e.add_argument("--closed-loop", type=int, default=0, help="also drive this many scenarios in closed loop")
@@ -359,7 +386,15 @@ def main(argv=None) -> int:
     if args.cmd == "train":
         train_vla(VLATrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"}))
         return 0
-    vla = DrivingVLA.from_pretrained(args.model)
+    if args.cmd == "export":
+        print(export_vla(args.model, args.out))
+        return 0
+    model = args.model or bundled_vla()
+    if not model:
+        from mmspec.errors import InvalidInputError
+
+        raise InvalidInputError("no VLA bundled: pass --model PATH")
+    vla = DrivingVLA.from_pretrained(model)
     print(json.dumps(evaluate_vla(vla, n=args.n, samples=args.samples)))
     if args.closed_loop:
         print(json.dumps(closed_loop(vla, n=args.closed_loop)))

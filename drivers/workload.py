@@ -58,6 +58,11 @@ class DrivingWorkload(SeededWorkload):
     name = "driving"
     plain_pipeline = True
 
+    def bundled_model(self):
+        from .train_vla import bundled_vla
+
+        return bundled_vla()
+
     def bench_plain(self, model, examples, cfg, progress=True):
         from .bench import bench_driving
 

@@ -6,7 +6,7 @@
   size (the floor an ideal generator reaches at this ``n``), the FID of VQ reconstructions of the real
   pictures (the ceiling the tokenizer allows), and the classifier's prompt accuracy on the real pictures.
 
-``python -m mmspec.image_ar train-vq|train-classifier|train-generator|eval`` runs them (progress bars,
+``python -m mmspec.image_ar train-vq|train-classifier|train-generator|eval|export`` runs them (progress bars,
 checkpoints, resume).
 
 Example:
@@ -107,7 +107,10 @@ def main(argv=None) -> int:
     e.add_argument("--classifier", default=None, help="default: the bundled world classifier")
     e.add_argument("--n", type=int, default=200)
     e.add_argument("--cfg-scale", type=float, default=3.0)
-    for sp in (v, c, g, e):
+    x = sub.add_parser("export", help="write the shippable (bfloat16) copies into image_ar/assets")
+    x.add_argument("--generator", default=None)
+    x.add_argument("--classifier", default=None)
+    for sp in (v, c, g, e, x):
         sp.add_argument("--threads", type=int, default=0)
     args = p.parse_args(argv)
     if args.threads:
@@ -118,6 +121,14 @@ def main(argv=None) -> int:
         train_classifier(args.out, steps=args.steps, batch_size=args.batch_size)
     elif args.cmd == "train-generator":
         train_generator(args.out, args.vq, steps=args.steps, batch_size=args.batch_size, lr=args.lr, size=args.size)
+    elif args.cmd == "export":
+        from .generator import export_generator
+        from .quality import export_classifier
+
+        if args.generator:
+            print(export_generator(args.generator))
+        if args.classifier:
+            print(export_classifier(args.classifier))
     else:
         from mmspec.errors import InvalidInputError
 

@@ -27,7 +27,8 @@ import torch
 
 from .vq import VQVAE, to_image, to_tensor
 
-__all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "SPECIAL_TOKENS"]
+__all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "SPECIAL_TOKENS",
+           "bundled_generator", "export_generator"]
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<boi>", "<eoi>", "<unk>")
 GEN_CONFIG = "image_generation.json"
@@ -191,6 +192,28 @@ class ImageARPipeline:
                                 "tokens": int(codes.shape[1])}
         images = [to_image(p) for p in pixels]
         return images[0] if isinstance(prompt, str) else images
+
+
+GENERATOR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "image-gen")
+
+
+def bundled_generator() -> str | None:
+    """The bundled trained image generator's folder (with its VQ-VAE; ``None`` if this install has none).
+
+    Example:
+        >>> bundled_generator() is None or os.path.isdir(os.path.join(bundled_generator(), "vq"))
+        True
+    """
+    return GENERATOR_DIR if os.path.isfile(os.path.join(GENERATOR_DIR, GEN_CONFIG)) else None
+
+
+def export_generator(src: str, out: str = GENERATOR_DIR, dtype=torch.bfloat16) -> str:
+    """The shippable copy of a trained generator (and its VQ-VAE): weights in ``dtype``, loaded as float32."""
+    from mmspec.checkpoints import copy_training_files
+
+    ImageARPipeline.from_pretrained(src).save_pretrained(out, dtype=dtype)
+    copy_training_files(src, out)
+    return out
 
 
 def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int = 16, lr: float = 1e-3,

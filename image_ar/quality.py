@@ -29,7 +29,7 @@ from .vq import to_tensor
 from .world import LABEL_HEADS, parse_prompt, spec_labels
 
 __all__ = ["WorldClassifier", "train_classifier", "features", "fid", "frechet_distance", "prompt_accuracy",
-           "bundled_classifier", "CLASSIFIER_DIR"]
+           "bundled_classifier", "export_classifier", "CLASSIFIER_DIR"]
 
 CLASSIFIER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "world-classifier")
 
@@ -77,6 +77,15 @@ class WorldClassifier(nn.Module):
             clf = cls(json.load(f)["arch"])
         clf.load_state_dict(load_file(os.path.join(path, "model.safetensors")))
         return clf.eval()
+
+
+def export_classifier(src: str, out: str = CLASSIFIER_DIR, dtype=torch.bfloat16) -> str:
+    """The shippable copy of a trained classifier: weights in ``dtype`` (loaded as float32) and its log."""
+    from mmspec.checkpoints import copy_training_files
+
+    WorldClassifier.from_pretrained(src).save_pretrained(out, dtype=dtype)
+    copy_training_files(src, out)
+    return out
 
 
 def train_classifier(out: str, steps: int = 1500, batch_size: int = 64, lr: float = 2e-3, size: int = 64,

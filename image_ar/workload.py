@@ -33,6 +33,11 @@ class ImagesWorkload(SeededWorkload):
     name = "images"
     plain_pipeline = True
 
+    def bundled_model(self):
+        from .generator import bundled_generator
+
+        return bundled_generator()
+
     def bench_plain(self, model, examples, cfg, progress=True):
         from .bench import bench_images
 

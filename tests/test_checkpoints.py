@@ -58,3 +58,18 @@ def test_state_without_dtype_is_written_as_is(tmp_path):
 
     save_state_compact({"w": torch.tensor([1.0 / 3])}, str(tmp_path / "w.safetensors"))
     assert load_file(str(tmp_path / "w.safetensors"))["w"].item() == torch.tensor(1.0 / 3).item()
+
+
+def test_exports_write_loadable_compact_copies(tmp_path):
+    from mmspec.drivers.train_vla import DrivingVLA, build_vla, export_vla
+    from mmspec.image_ar.quality import WorldClassifier, export_classifier
+
+    torch.manual_seed(0)
+    build_vla("tiny", tokenizer_texts=40, vocab_size=300).save_pretrained(str(tmp_path / "vla"))
+    (tmp_path / "vla" / "train_log.jsonl").write_text('{"step": 1}\n')
+    out = export_vla(str(tmp_path / "vla"), str(tmp_path / "vla-out"))
+    assert (tmp_path / "vla-out" / "train_log.jsonl").exists()
+    assert DrivingVLA.from_pretrained(out).expert.in_proj[0].weight.dtype == torch.float32
+    WorldClassifier().save_pretrained(str(tmp_path / "clf"))
+    small = export_classifier(str(tmp_path / "clf"), str(tmp_path / "clf-out"))
+    assert os.path.getsize(os.path.join(small, "model.safetensors")) < 0.6 * os.path.getsize(tmp_path / "clf" / "model.safetensors")
