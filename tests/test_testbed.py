@@ -116,3 +116,24 @@ def test_reading_targets_point_at_the_cell_of_the_next_token(tiny, examples):
         cell = int(y) // (PATCH * MERGE) * (gw // MERGE) + int(x) // (PATCH * MERGE)
         image_pos = (batch["input_ids"][b] == image_id).nonzero().flatten()
         assert int(where[b, q0]) == int(image_pos[cell])
+
+
+def test_patch_reading_loss_rewards_reading_not_silence():
+    from mmspec.vision.testbed import patch_reading_loss
+
+    torch.manual_seed(0)
+    y = torch.zeros(6, 4, len(CHARSET))
+    y[0, 0, 33] = y[0, 0, 34] = y[3, 2, 40] = 1  # two characters under one patch, one under another
+    silent = torch.full(y.shape, -6.0)  # predicts nothing anywhere
+    reading = silent.clone()
+    reading[..., 0] = 6.0  # blank where nothing is drawn...
+    reading[0, 0, 33] = reading[0, 0, 34] = reading[3, 2, 40] = 8.0  # ...and the characters where they are
+    for kind in ("softmax", "bce"):
+        loss_r, acc_r = patch_reading_loss(reading, y, kind)
+        loss_s, _ = patch_reading_loss(silent, y, kind)
+        assert loss_r < loss_s and acc_r == 1.0
+    # The softmax loss separates reading from silence by a wide margin; BCE over 95 classes barely does.
+    soft = patch_reading_loss(silent, y)[0] / patch_reading_loss(reading, y)[0]
+    bce = patch_reading_loss(silent, y, "bce")[0] / patch_reading_loss(reading, y, "bce")[0]
+    assert soft > 10 * bce
+    assert patch_reading_loss(reading, torch.zeros_like(y))[1] == 0.0  # no characters: accuracy undefined -> 0

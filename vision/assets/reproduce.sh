@@ -7,10 +7,10 @@ W=${1:-.mmspec_cache/reproduce}
 HERE=$(cd "$(dirname "$0")" && pwd)
 # Phase 1: text model, vision tower and its character reader (the 3000-step schedule, stopped at 1400).
 python -m mmspec.vision.testbed train --out "$W/phase1" --size small --steps 3000 --stop-after 1400 \
-    --batch-size 8 --lr 1e-3 --warmup 100 --read-weight 0 --locate-weight 0 --save-every 100
+    --batch-size 8 --lr 1e-3 --warmup 100 --read-weight 0 --locate-weight 0 --save-every 100 --aux-loss bce
 # Phase 2: from phase 1, with the reading-attention and image-location supervision (fresh schedule).
 python -m mmspec.vision.testbed train --out "$W/phase2" --init "$W/phase1" --size small --steps 2000 \
-    --warmup 50 --batch-size 8 --lr 1e-3 --save-every 100
+    --warmup 50 --batch-size 8 --lr 1e-3 --save-every 100 --aux-loss bce
 python -m mmspec.vision.testbed export --model "$W/phase2" --out "$HERE/testbed-vlm"
 python -m mmspec.vision.testbed eval --model "$HERE/testbed-vlm" --n 24
 # The EAGLE head, trained against the exported (bfloat16-rounded) target.
