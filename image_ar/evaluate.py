@@ -48,7 +48,8 @@ def evaluate_vq(vq: VQVAE, n: int = 256, batch_size: int = 64, split: str = "tes
 
 @torch.no_grad()
 def evaluate_generator(pipe, clf: WorldClassifier, n: int = 200, cfg_scale: float = 3.0, batch_size: int = 8,
-                       split: str = "test", seed: int = 0, progress: bool = True) -> dict:
+                       split: str = "test", seed: int = 0, progress: bool = True, temperature: float = 1.0,
+                       top_k: int | None = None) -> dict:
     """FID and prompt accuracy of ``n`` images generated for the first ``n`` prompts of ``split``, with the
     real-vs-real FID floor, the VQ-reconstruction FID and the classifier's accuracy on real pictures."""
     from tqdm.auto import tqdm
@@ -62,8 +63,9 @@ def evaluate_generator(pipe, clf: WorldClassifier, n: int = 200, cfg_scale: floa
     real = [ex.meta["image"] for ex in exs]
     generated = []
     for i in tqdm(range(0, n, batch_size), desc="generate", file=sys.stderr, disable=not progress):
-        generated += pipe(prompts[i:i + batch_size], seed=seed + i, cfg_scale=cfg_scale)
-    out = {"n": n, "cfg_scale": cfg_scale, "fid": fid(clf, generated, real), "fid_real_vs_real": fid(clf, others, real)}
+        generated += pipe(prompts[i:i + batch_size], seed=seed + i, cfg_scale=cfg_scale, temperature=temperature,
+                          top_k=top_k)
+    out = {"n": n, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "fid": fid(clf, generated, real), "fid_real_vs_real": fid(clf, others, real)}
     acc = prompt_accuracy(clf, generated, prompts)
     out["prompt_accuracy"], out["field_accuracy"] = acc.pop("all"), acc
     out["real_prompt_accuracy"] = prompt_accuracy(clf, real, prompts)["all"]
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
     e.add_argument("--classifier", default=None, help="default: the bundled world classifier")
     e.add_argument("--n", type=int, default=200)
     e.add_argument("--cfg-scale", type=float, default=3.0)
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--top-k", type=int, default=None)
     x = sub.add_parser("export", help="write the shippable (bfloat16) copies into image_ar/assets")
     x.add_argument("--generator", default=None)
     x.add_argument("--classifier", default=None)
@@ -142,5 +146,6 @@ def main(argv=None) -> int:
                 raise InvalidInputError("no world classifier: pass --classifier PATH (train-classifier makes one)")
             pipe = ImageARPipeline.from_pretrained(args.generator)
             print(json.dumps({"generator": evaluate_generator(pipe, WorldClassifier.from_pretrained(path), n=args.n,
-                                                              cfg_scale=args.cfg_scale)}))
+                                                              cfg_scale=args.cfg_scale, temperature=args.temperature,
+                                                              top_k=args.top_k)}))
     return 0
