@@ -35,3 +35,13 @@ def test_classifier_learns_and_metrics_separate_right_from_wrong(tmp_path):
     other = [draw(parse_prompt("a large red square on the left on a white background"), 64)] * 48
     more = [ex.meta["image"] for ex in get_workload("images").examples("test", 48, start=48)]
     assert fid(loaded, real, more) < fid(loaded, real, other)
+
+
+def test_bundled_classifier_reads_every_field_of_real_pictures():
+    from mmspec.image_ar.quality import bundled_classifier
+
+    if bundled_classifier() is None:
+        pytest.skip("no world classifier bundled in this install")
+    clf = WorldClassifier.from_pretrained(bundled_classifier())
+    exs = get_workload("images").examples("test", 64)
+    assert prompt_accuracy(clf, [ex.meta["image"] for ex in exs], [ex.prompt for ex in exs])["all"] >= 0.95

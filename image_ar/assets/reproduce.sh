@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Reproduce the bundled image-world models on a CPU (what shipped was trained by these commands on a 2-core
+# machine, one thread each). Usage: bash image_ar/assets/reproduce.sh [WORKDIR]
+set -euo pipefail
+W=${1:-.mmspec_cache/reproduce-images}
+HERE=$(cd "$(dirname "$0")" && pwd)
+# VQ-VAE tokenizer: 64 px -> 16 x 16 codes of 256 (2000 steps, batch 32; ~8 min).
+python -m mmspec.image_ar train-vq --out "$W/vq" --steps 2000 --batch-size 32
+# World classifier (timm resnet10t, FID features and prompt accuracy): 1500 steps, batch 64 (~12 min).
+python -m mmspec.image_ar train-classifier --out "$W/world-clf" --steps 1500 --batch-size 64 --threads 1
+# AR generator (Llama 4 x 192) over the frozen VQ-VAE: 3000 steps, batch 16 (~37 min).
+python -m mmspec.image_ar train-generator --out "$W/gen" --vq "$W/vq" --size medium --steps 3000 --batch-size 16 --threads 1
+python -m mmspec.image_ar export --generator "$W/gen" --classifier "$W/world-clf"
+cp "$W/vq/train_log.jsonl" "$HERE/image-gen/vq/"
+python -m mmspec.image_ar eval --vq "$HERE/image-gen/vq" --generator "$HERE/image-gen" --n 200
