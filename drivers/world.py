@@ -159,9 +159,9 @@ def make_scenario(seed: int, kind: str | None = None) -> Scenario:
         if kind == "cut_in":
             # A cut-in starts at least 0.8 s of headway ahead of a nominal ego (no one can avoid a car that
             # swerves in at 2 m): the ego closes (v0 - v_lead) * t_event before the manoeuvre.
-            ld = scn.lead
-            gap_at_event = ld["s0"] - (v0 - ld["speed"]) * ld["t_event"] - CAR_LEN
-            ld["s0"] += max(0.0, max(8.0, 0.8 * v0) - gap_at_event)
+            ld, vd = scn.lead, scn.desired_speed  # the ego may speed up towards vd meanwhile
+            gap_at_event = ld["s0"] - (vd - ld["speed"]) * ld["t_event"] - CAR_LEN
+            ld["s0"] += max(0.0, max(8.0, 0.8 * vd) - gap_at_event)
         if kind == "cruise" and rng.random() < 0.4:
             scn.lead = None  # an empty road
     if kind == "parked" or rng.random() < 0.3:

@@ -553,7 +553,17 @@ def model_for(workload: str, model: str | None) -> str | None:
     """
     if not model or "=" not in model:
         return model
-    pairs = dict(part.split("=", 1) for part in model.split(",") if part)
+    parts = [p for p in model.split(",") if p]
+    if not all("=" in p and "/" not in p.split("=", 1)[0] for p in parts):
+        if len(parts) > 1:
+            raise InvalidInputError(f"--model {model!r}: give one path, or NAME=PATH pairs separated by commas")
+        return model  # a path that happens to contain "="
+    from .workloads import workload_names
+
+    pairs = dict(p.split("=", 1) for p in parts)
+    unknown = sorted(set(pairs) - set(workload_names()))
+    if unknown:
+        raise InvalidInputError(f"--model names unknown workloads {unknown}; known: {', '.join(workload_names())}")
     return pairs.get(workload)
 
 
@@ -700,7 +710,8 @@ def _meta(cfg: BenchConfig, model_path: str, model, n: int, max_new: int) -> dic
         "model": model_path,
         "model_type": model.config.model_type if model is not None else None,
         "dtype": str(model.dtype) if model is not None else None,
-        "device": str(model.device) if model is not None else (cfg.device or "cpu"),
+        "device": str(model.device) if model is not None else (cfg.device or ("cuda" if torch.cuda.is_available()
+                                                                            else "cpu")),
         "draft_model": cfg.draft_model,
         "args": {**asdict(cfg), "n": n, "max_new_tokens": max_new},
         "speedup": "sum of AR times / sum of system times, interleaved per batch after a warm-up, one run",
@@ -749,7 +760,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     if plain and not workloads and any(s != "ar" for s in cfg.systems or []):
         raise InvalidInputError(f"workloads {', '.join(w.name for w in plain)} have no speculative systems yet; "
                                 "their plain pipeline is measured as 'ar'")
-    vlm_model = model_for(workloads[0].name, cfg.model) if workloads and cfg.model else None
+    vlm_models = {model_for(w.name, cfg.model) for w in workloads} if cfg.model else {None}
+    if len(vlm_models) > 1:
+        raise InvalidInputError(f"one run measures one target: --model names {sorted(map(str, vlm_models))} for "
+                                f"{', '.join(w.name for w in workloads)}; run them separately")
+    vlm_model = next(iter(vlm_models)) if workloads else None
     bundled = [] if vlm_model else next((w.bundled_drafters() for w in workloads if w.bundled_model()), [])
     names = _resolve_systems(cfg.systems, cfg.draft_model, bundled) if workloads else []
     torch.manual_seed(cfg.seed)

@@ -35,9 +35,9 @@ __all__ = ["save_hf_compact", "save_state_compact", "copy_training_files"]
 def save_hf_compact(model, path: str, dtype=torch.bfloat16) -> None:
     """``model.save_pretrained(path)`` with floating weights in ``dtype`` and a float32 config; ``model`` is
     left as it was."""
-    original = next(model.parameters()).dtype
-    model.to(dtype).save_pretrained(path)
-    model.to(original)
+    import copy
+
+    copy.deepcopy(model).to(dtype).save_pretrained(path)  # a round trip through dtype would round ``model``
     config_path = os.path.join(path, "config.json")
     with open(config_path) as f:
         config = json.load(f)

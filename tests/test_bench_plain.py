@@ -103,3 +103,16 @@ def test_image_cli_evaluates_the_tokenizer_and_the_generator(tiny_generator, tmp
     g = gen["generator"]
     assert g["n"] == 3 and g["fid"] >= 0 and g["fid_real_vs_real"] >= 0 and g["fid_vq_reconstruction"] >= 0
     assert 0 <= g["prompt_accuracy"] <= 1 and 0 <= g["vq_prompt_accuracy"] <= 1
+
+
+def test_model_option_parsing():
+    from mmspec.bench import model_for
+
+    assert model_for("driving", "/runs/lr=1e-3/vla") == "/runs/lr=1e-3/vla"  # a path with "=" in it
+    assert model_for("docs", "docs=/a,images=/b") == "/a" and model_for("charts", "docs=/a") is None
+    with pytest.raises(InvalidInputError, match="unknown workloads"):
+        model_for("driving", "drving=/x")
+    with pytest.raises(InvalidInputError, match="NAME=PATH"):
+        model_for("driving", "driving=/x,/y")
+    with pytest.raises(InvalidInputError, match="one run measures one target"):
+        run_bench(BenchConfig(model="docs=/a,charts=/b", workloads=["docs", "charts"], n=1), progress=False)

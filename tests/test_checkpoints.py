@@ -17,7 +17,10 @@ def test_driving_vla_round_trips_in_bfloat16(tmp_path):
 
     torch.manual_seed(0)
     vla = build_vla("tiny", tokenizer_texts=40, vocab_size=300).eval()
+    before = {k: v.clone() for k, v in vla.backbone.state_dict().items()}
     vla.save_pretrained(str(tmp_path), dtype=torch.bfloat16)
+    for k, v in vla.backbone.state_dict().items():  # saving compactly must not round the live model
+        assert torch.equal(v, before[k]), k
     assert os.path.getsize(tmp_path / "model.safetensors") < 0.6 * 4 * sum(p.numel() for p in vla.backbone.parameters())
     loaded = DrivingVLA.from_pretrained(str(tmp_path))
     assert loaded.backbone.dtype == torch.float32 and next(vla.backbone.parameters()).dtype == torch.float32

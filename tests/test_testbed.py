@@ -137,3 +137,12 @@ def test_patch_reading_loss_rewards_reading_not_silence():
     bce = patch_reading_loss(silent, y, "bce")[0] / patch_reading_loss(reading, y, "bce")[0]
     assert soft > 10 * bce
     assert patch_reading_loss(reading, torch.zeros_like(y))[1] == 0.0  # no characters: accuracy undefined -> 0
+
+
+def test_config_errors_are_caught_before_training(tmp_path):
+    from mmspec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="track_weight"):
+        train_target(TargetTrainConfig(out=str(tmp_path), read_weight=0.0, track_weight=0.5), progress=False)
+    with pytest.raises(InvalidInputError, match="aux_loss"):
+        train_target(TargetTrainConfig(out=str(tmp_path), aux_loss="sigmoid"), progress=False)

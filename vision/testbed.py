@@ -346,6 +346,12 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     from tqdm import tqdm
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
+    from mmspec.errors import InvalidInputError
+
+    if cfg.track_weight and not cfg.read_weight:
+        raise InvalidInputError("track_weight needs read_weight > 0 (the tracked head sits below the reading layers)")
+    if cfg.aux_loss not in ("softmax", "bce"):
+        raise InvalidInputError(f"aux_loss must be 'softmax' or 'bce', got {cfg.aux_loss!r}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     os.makedirs(cfg.out, exist_ok=True)
