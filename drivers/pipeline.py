@@ -61,7 +61,9 @@ class DrivingPipeline:
         backbone, proc = self.vla.backbone, self.vla.processor
         inputs = make_batch(proc, [Example(id="", prompt=prompt, target="", images=images)], train=False)
         inputs = {k: v.to(backbone.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-        times = {"encode": 0.0, "model": []}
+        # transformers 5 encodes the images before the first forward (generate's mm_encoder_outputs); older
+        # versions inside it: encode time nested in a forward is taken out of that forward's prefill.
+        times = {"encode": 0.0, "nested": 0.0, "model": [], "in_model": False}
 
         def pre_visual(*_):
             self._sync()
@@ -69,15 +71,19 @@ class DrivingPipeline:
 
         def post_visual(*_):
             self._sync()
-            times["encode"] += time.perf_counter() - times["v0"]
+            dt = time.perf_counter() - times["v0"]
+            times["encode"] += dt
+            if times["in_model"] and not times["model"]:
+                times["nested"] += dt
 
         def pre_model(*_):
             self._sync()
-            times["m0"] = time.perf_counter()
+            times["m0"], times["in_model"] = time.perf_counter(), True
 
         def post_model(*_):
             self._sync()
             times["model"].append(time.perf_counter() - times["m0"])
+            times["in_model"] = False
 
         hooks = [backbone.model.visual.register_forward_pre_hook(pre_visual),
                  backbone.model.visual.register_forward_hook(post_visual),
@@ -102,7 +108,7 @@ class DrivingPipeline:
         new = out.sequences[0, inputs["input_ids"].shape[1]:]
         text = proc.tokenizer.decode(new, skip_special_tokens=True)
         trajs = integrate_actions(acts.cpu().numpy(), np.full(num_samples, float(speed)))
-        prefill = times["model"][0] - times["encode"] if times["model"] else 0.0
+        prefill = times["model"][0] - times["nested"] if times["model"] else 0.0
         timings = {"encode": times["encode"], "prefill": prefill, "decode": sum(times["model"][1:]),
                    "action": t_end - t_gen, "total": t_end - t0}
         return {"reasoning": text, "trajectory": trajs[0], "trajectories": trajs, "actions": acts.cpu().numpy(),

@@ -60,3 +60,33 @@ def test_closed_loop_runs_the_model_and_the_expert(tmp_path):
     for who in ("model", "expert"):
         assert set(res[who]) == {"collision_rate", "offroad_rate", "red_light_rate", "progress_m"}
     assert res["expert"]["collision_rate"] == 0.0 and res["expert"]["progress_m"] > 5.0
+
+
+def test_stage_timings_attribute_encode_and_prefill_correctly():
+    """Slow the vision tower and the text model's prompt pass by known amounts: each lands in its own stage
+    (transformers 5 encodes images before the first forward; the pipeline must not subtract it twice)."""
+    import time
+
+    from mmspec.drivers.train_vla import build_vla
+
+    torch.manual_seed(0)
+    vla = build_vla("tiny", tokenizer_texts=40, vocab_size=300).eval()
+    vla.expert.num_steps = 1
+    visual, lm = vla.backbone.model.visual, vla.backbone.model.language_model
+    slow_visual, slow_lm = visual.forward, lm.forward
+
+    def visual_forward(*a, **k):
+        time.sleep(0.04)
+        return slow_visual(*a, **k)
+
+    def lm_forward(*a, **k):
+        emb = k.get("inputs_embeds")
+        if emb is not None and emb.shape[1] > 1 and k.get("cache") is not None and k["cache"].get_seq_length() == 0:
+            time.sleep(0.06)  # the prompt pass only
+        return slow_lm(*a, **k)
+
+    visual.forward, lm.forward = visual_forward, lm_forward
+    ex = get_workload("driving").example("test", 1)
+    t = DrivingPipeline(vla, max_reasoning_tokens=3).step(ex.images, ex.meta["history"], ex.meta["speed"])["timings_ms"]
+    assert t["encode"] >= 40 and t["prefill"] >= 60, t
+    assert t["encode"] + t["prefill"] + t["decode"] + t["action"] <= t["total"] + 1e-6, t
