@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from mmspec.bench import plain_record
 
 from .pipeline import STAGES, DrivingPipeline
@@ -32,7 +30,7 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
     from tqdm.auto import tqdm
 
     vla = DrivingVLA.from_pretrained(model)
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = cfg.resolved_device()
     vla.to(device)
     pipe = DrivingPipeline(vla)
     first = examples[0]

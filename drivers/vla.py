@@ -34,8 +34,8 @@ from torch import nn
 
 from .world import DT
 
-__all__ = ["TrajectoryExpert", "ACTION_MEAN", "ACTION_SCALE", "LEGACY_NORMALIZATION", "integrate_actions", "time_embedding", "expert_attention_mask",
-           "next_text_positions"]
+__all__ = ["TrajectoryExpert", "ACTION_MEAN", "ACTION_SCALE", "LEGACY_NORMALIZATION", "integrate_actions",
+           "time_embedding", "expert_attention_mask", "next_text_positions"]
 
 # Per-dimension normalisation of (accel m/s^2, curvature 1/m): the expert driver's mean and standard deviation
 # over 60 train clips (-0.50 +- 1.02; 0.000 +- 0.0066). Flow matching starts from unit noise, so each action

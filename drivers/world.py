@@ -37,7 +37,8 @@ from PIL import Image, ImageDraw
 from mmspec.workloads import seed_for
 
 __all__ = ["Road", "Scenario", "SimResult", "Hazard", "make_scenario", "simulate", "render_frame", "hazard_at",
-           "reasoning_text", "to_ego_frame", "scenario_for", "safety_events", "SCENARIO_KINDS", "LABELS", "DT", "LANE_WIDTH", "CAMERAS"]
+           "reasoning_text", "to_ego_frame", "scenario_for", "safety_events", "SCENARIO_KINDS", "LABELS", "DT",
+           "LANE_WIDTH", "CAMERAS"]
 
 DT = 0.1  # 10 Hz, as the driving VLAs tick
 LANE_WIDTH = 3.5

@@ -19,8 +19,6 @@ from __future__ import annotations
 import sys
 import time
 
-import torch
-
 from mmspec.bench import plain_record
 
 from .generator import ImageARPipeline
@@ -37,7 +35,7 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
     from . import quality
 
     pipe = ImageARPipeline.from_pretrained(model)
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = cfg.resolved_device()
     pipe.model.to(device)
     if pipe.vq is not None:
         pipe.vq.to(device)

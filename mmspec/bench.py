@@ -146,6 +146,15 @@ class BenchConfig:
     device: str | None = None
     threads: int | None = None
 
+    def resolved_device(self) -> torch.device:
+        """``device``, or CUDA when available, else the CPU: where every system and plain pipeline runs.
+
+        Example:
+            >>> BenchConfig(device="cpu").resolved_device()
+            device(type='cpu')
+        """
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
     def resolved_sizes(self) -> tuple[int, int]:
         """``(n, max_new_tokens)`` after defaults; raises on non-positive values."""
         base = _QUICK if self.quick else _FULL
@@ -710,8 +719,7 @@ def _meta(cfg: BenchConfig, model_path: str, model, n: int, max_new: int) -> dic
         "model": model_path,
         "model_type": model.config.model_type if model is not None else None,
         "dtype": str(model.dtype) if model is not None else None,
-        "device": str(model.device) if model is not None else (cfg.device or ("cuda" if torch.cuda.is_available()
-                                                                            else "cpu")),
+        "device": str(model.device if model is not None else cfg.resolved_device()),
         "draft_model": cfg.draft_model,
         "args": {**asdict(cfg), "n": n, "max_new_tokens": max_new},
         "speedup": "sum of AR times / sum of system times, interleaved per batch after a warm-up, one run",
@@ -753,10 +761,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     every = _resolve_workloads(cfg.workloads)
     plain = [w for w in every if w.plain_pipeline]
     workloads = [w for w in every if not w.plain_pipeline]
-    for w in plain:
-        if not (model_for(w.name, cfg.model) or w.bundled_model()):
-            raise InvalidInputError(f"no model for workload {w.name!r}: none is bundled; pass --model "
-                                    f"{w.name}=PATH (or one --model for every workload)")
+    plain_models = {w.name: model_for(w.name, cfg.model) or w.bundled_model() for w in plain}
+    for name, path in plain_models.items():
+        if not path:
+            raise InvalidInputError(f"no model for workload {name!r}: none is bundled; pass --model "
+                                    f"{name}=PATH (or one --model for every workload)")
     if plain and not workloads and any(s != "ar" for s in cfg.systems or []):
         raise InvalidInputError(f"workloads {', '.join(w.name for w in plain)} have no speculative systems yet; "
                                 "their plain pipeline is measured as 'ar'")
@@ -771,9 +780,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     results = []
-    plain_models = {}
     for w in plain:
-        plain_models[w.name] = model_for(w.name, cfg.model) or w.bundled_model()
         with _quiet_transformers():
             results += w.bench_plain(plain_models[w.name], w.examples(cfg.split, n), cfg, progress)
     if not workloads:
@@ -782,7 +789,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     model_path = vlm_model or default_model_path(workloads)
     with _quiet_transformers():
         pipe = MMSpecPipeline.from_pretrained(model_path)
-        device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = cfg.resolved_device()
         pipe.model.to(device)
         systems = build_systems(names, pipe.model, cfg, max_new)
         eos_ids = _eos_ids(pipe.model)

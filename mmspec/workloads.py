@@ -84,6 +84,7 @@ class Workload:
         ``model``: the folder to load (``None``: :meth:`bundled_model`); ``cfg``: the
         :class:`~mmspec.bench.BenchConfig` of the run. Only workloads with :attr:`plain_pipeline` implement it.
         """
+        # Not a stub: workloads served by a text-generating target go through the bench's VLM systems instead.
         raise NotImplementedError(f"workload {self.name!r} is benchmarked through a target's generate")
 
     def examples(self, split: str, n: int, start: int = 0) -> list[Example]:

@@ -32,8 +32,7 @@ from mmspec.train import add_config_arguments, trim_log
 from mmspec.workloads import get_workload
 
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
-           "patch_reading_loss",
-           "reading_targets", "train_target", "evaluate", "export_target", "bundled_target", "bundled_eagle",
+           "patch_reading_loss", "reading_targets", "train_target", "evaluate", "export_target", "bundled_target", "bundled_eagle",
            "PatchReader", "CHARSET"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -224,11 +223,11 @@ class TargetTrainConfig:
     """Hyper-parameters of :func:`train_target` (saved beside the checkpoint).
 
     ``aux_weight``: the vision tower's character reader (``aux_loss``: see :func:`patch_reading_loss`);
-    ``read_weight``: head 0 of ``read_layers`` (default the two middle layers) must attend to the image token showing the next answer token; ``track_weight``:
-    head 1 of the layer before the first reading layer must attend to the image token showing the *current* token (a content
-    match, easy to learn, whose output carries that cell's row and column: the later pointer then only adds
-    an offset); ``locate_weight``:
-    the first text layer must know each image token's row and column. ``init``: start from another
+    ``read_weight``: head 0 of ``read_layers`` (default the two middle layers) must attend to the image token
+    showing the next answer token; ``track_weight``: head 1 of the layer before the first reading layer must
+    attend to the image token showing the *current* token (a content match, easy to learn, whose output
+    carries that cell's row and column: the later pointer then only adds an offset); ``locate_weight``: the
+    first text layer must know each image token's row and column. ``init``: start from another
     checkpoint's weights (fresh optimizer and schedule); ``stop_after``: end this run at that step while the
     learning-rate schedule still spans ``steps`` (resume later to continue it).
     """
@@ -444,8 +443,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
                    "locate_loss": round(locate.item(), 4),
                    "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
             bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], acc=rec["aux_acc"], read=rec["read_loss"],
-                            track=rec["track_loss"],
-                            loc=rec["locate_loss"])
+                            track=rec["track_loss"], loc=rec["locate_loss"])
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             if (step + 1) % cfg.save_every == 0 or step + 1 == end:
