@@ -254,11 +254,15 @@ def constant_velocity(speed: float, n: int = 64) -> np.ndarray:
     return np.stack([speed * DT * np.arange(1, n + 1), np.zeros(n)], 1)
 
 
+DISTANCE_TOLERANCE_M = 2  # metres: what "right" allows on a hazard distance (exact match is reported too)
+
+
 @torch.no_grad()
 def evaluate_vla(vla: DrivingVLA, n: int = 24, samples: int = 6, split: str = "test", seed: int = 0) -> dict:
     """Reasoning accuracy and minADE on ``n`` held-out items (batch 1, as the pipeline drives).
 
-    Reports ``reasoning_exact`` (the sentence, token for token), ``hazard_accuracy`` (the hazard phrase and
+    Reports ``reasoning_exact`` (the sentence, token for token), ``reasoning_right`` (phrase and action right
+    and the distance within :data:`DISTANCE_TOLERANCE_M`), ``hazard_accuracy`` (the hazard phrase and
     the action right), ``distance_mae_m`` (where both name a distance), ``min_ade_1`` / ``min_ade_k`` (mean
     over 64 waypoints of the L2 error; the minimum over ``samples`` noise draws for ``k``) and the
     constant-velocity baseline's ADE on the same items.
@@ -284,15 +288,19 @@ def score_step(result: dict, example) -> dict:
         >>> from mmspec.workloads import get_workload
         >>> ex = get_workload("driving").text_example("test", 0)
         >>> fake = {"reasoning": ex.target, "trajectories": ex.meta["future"][None]}
-        >>> s = score_step(fake, ex); s["exact"], s["hazard"], s["ade_1"]
-        (True, True, 0.0)
+        >>> s = score_step(fake, ex); s["exact"], s["hazard"], s["right"], s["ade_1"]
+        (True, True, True, 0.0)
     """
     got, want = _parse(result["reasoning"]), _parse(example.target)
     err = np.linalg.norm(result["trajectories"] - example.meta["future"][None], axis=-1).mean(-1)
     cv = np.linalg.norm(constant_velocity(example.meta["speed"]) - example.meta["future"], axis=-1).mean()
-    return {"exact": result["reasoning"].strip() == example.target, "hazard": got[0] == want[0] and got[2] == want[2],
-            "distance_error": abs(got[1] - want[1]) if got[1] is not None and want[1] is not None else None,
-            "ade_1": float(err[0]), "ade_min": float(err.min()), "cv_ade": float(cv)}
+    hazard = got[0] == want[0] and got[2] == want[2]
+    d_err = abs(got[1] - want[1]) if got[1] is not None and want[1] is not None else None
+    # Right within tolerance: phrase and action right, and the distance (where the reference names one)
+    # within DISTANCE_TOLERANCE_M; whole-metre exactness is what reasoning_exact measures.
+    right = hazard and (want[1] is None or (d_err is not None and d_err <= DISTANCE_TOLERANCE_M))
+    return {"exact": result["reasoning"].strip() == example.target, "hazard": hazard, "right": right,
+            "distance_error": d_err, "ade_1": float(err[0]), "ade_min": float(err.min()), "cv_ade": float(cv)}
 
 
 def summarize_scores(scores: list, samples: int = 1) -> dict:
@@ -300,6 +308,7 @@ def summarize_scores(scores: list, samples: int = 1) -> dict:
     n = len(scores)
     dist = [s["distance_error"] for s in scores if s["distance_error"] is not None]
     out = {"n": n, "reasoning_exact": sum(s["exact"] for s in scores) / n,
+           "reasoning_right": sum(s["right"] for s in scores) / n,
            "hazard_accuracy": sum(s["hazard"] for s in scores) / n,
            "distance_mae_m": float(np.mean(dist)) if dist else None,
            "min_ade_1": float(np.mean([s["ade_1"] for s in scores]))}

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TargetTrainConfig, aux_targets, build_target,
-                                   char_locations, evaluate, export_target, make_batch, reading_targets, train_target)
+                                   char_locations, evaluate, export_target, grounding, make_batch, reading_targets,
+                                   train_target)
 from mmspec.workloads import get_workload
 
 
@@ -146,3 +147,25 @@ def test_config_errors_are_caught_before_training(tmp_path):
         train_target(TargetTrainConfig(out=str(tmp_path), read_weight=0.0, track_weight=0.5), progress=False)
     with pytest.raises(InvalidInputError, match="aux_loss"):
         train_target(TargetTrainConfig(out=str(tmp_path), aux_loss="sigmoid"), progress=False)
+
+
+def test_grounding_separates_a_reader_from_a_guesser(tiny):
+    """An oracle that predicts every next token when it sees a picture, and token 0 when the picture is
+    blank, must score 1.0 with the image and near 0 blank; a model that ignores the image scores the same."""
+    _, proc = tiny
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, reads: bool):
+            super().__init__()
+            self.reads = reads
+
+        def forward(self, input_ids, pixel_values=None, **_):
+            sees = self.reads and pixel_values.std(0).max() > 0  # a white page is the same in every patch
+            nxt = torch.roll(input_ids, -1, dims=1) if sees else torch.zeros_like(input_ids)
+            return type("Out", (), {"logits": torch.nn.functional.one_hot(nxt, 512).float()})()
+
+    reader = grounding(Oracle(True), proc, "docs", n=3, batch_size=2, options={"mode": "block"})
+    assert reader["accuracy"] == 1.0 and reader["accuracy_blank"] < 0.1
+    assert set(reader["by_kind"]) == {"block"}
+    guesser = grounding(Oracle(False), proc, "charts", n=2, batch_size=2)
+    assert guesser["accuracy"] == guesser["accuracy_blank"] < 0.1

@@ -228,7 +228,7 @@ class TargetTrainConfig:
     attend to the image token showing the *current* token (a content match, easy to learn, whose output
     carries that cell's row and column: the later pointer then only adds an offset); ``locate_weight``: the
     first text layer must know each image token's row and column. ``init``: start from another
-    checkpoint's weights (fresh optimizer and schedule); ``stop_after``: end this run at that step while the
+    checkpoint's weights and patch reader (fresh optimizer and schedule); ``stop_after``: end this run at that step while the
     learning-rate schedule still spans ``steps`` (resume later to continue it).
     """
 
@@ -378,6 +378,11 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             locator.load_state_dict(saved["locator"])
             loc_opt.load_state_dict(saved["locator_optimizer"])
         start = int(saved["step"])
+    elif cfg.init and os.path.isfile(os.path.join(cfg.init, "state.pt")):
+        # A reader trained with the tower keeps the tower's features meaningful from the first step.
+        saved = torch.load(os.path.join(cfg.init, "state.pt"), weights_only=True)
+        if saved["reader"]["proj.weight"].shape == reader.proj.weight.shape:
+            reader.load_state_dict(saved["reader"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     for _ in range(start):
         sched.step()
@@ -526,6 +531,50 @@ def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int =
             "cer_by_kind": {k: v[2] / v[3] for k, v in by_kind.items()}}
 
 
+@torch.no_grad()
+def grounding(model, processor, workload: str, n: int = 16, batch_size: int = 4, options: dict | None = None) -> dict:
+    """How much the answers depend on the image: teacher-forced next-token accuracy on the answer tokens of
+    ``n`` test items with the real image, and again with each image replaced by a white one of the same size.
+
+    A target that reads scores far higher with the page than without it; one that answers from the text
+    prior (the first bundled target: docs blocks 0.63 with the page, 0.60 blank) scores about the same.
+    Accuracies are by kind (docs: page / block; charts: regime) and overall.
+
+    Example:
+        >>> grounding(model, processor, "docs", n=8, options={"mode": "block"})   # doctest: +SKIP
+        {'workload': 'docs', 'n': 8, 'accuracy': 0.91, 'accuracy_blank': 0.12, 'by_kind': {...}}
+    """
+    from dataclasses import replace
+
+    from PIL import Image
+
+    wl = get_workload(workload, **(options or {}))
+    tally: dict = {}  # kind -> [right with image, right blank, answer tokens]
+    model.eval()
+    for start in range(0, n, batch_size):
+        exs = wl.examples("test", min(batch_size, n - start), start=start)
+        blank = [replace(ex, images=[Image.new("RGB", im.size, "white") for im in ex.images]) for ex in exs]
+        right = []
+        for items in (exs, blank):
+            batch = make_batch(processor, items)
+            labels = batch.pop("labels")
+            pred = model(**batch).logits[:, :-1].argmax(-1)
+            want = labels[:, 1:]
+            right.append(((pred == want) & (want != -100)).sum(-1))
+            counted = (want != -100).sum(-1)
+        for ex, r, rb, c in zip(exs, right[0].tolist(), right[1].tolist(), counted.tolist()):
+            key = ex.meta.get("kind") or ex.meta.get("regime", "-")
+            t = tally.setdefault(key, [0, 0, 0])
+            t[0] += r
+            t[1] += rb
+            t[2] += c
+    total = [sum(t[i] for t in tally.values()) for i in range(3)]
+    return {"workload": workload, "n": n, "accuracy": total[0] / max(total[2], 1),
+            "accuracy_blank": total[1] / max(total[2], 1),
+            "by_kind": {k: {"accuracy": t[0] / max(t[2], 1), "accuracy_blank": t[1] / max(t[2], 1)}
+                        for k, t in tally.items()}}
+
+
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 TARGET_DIR = os.path.join(BUNDLED, "testbed-vlm")
 EAGLE_DIR = os.path.join(BUNDLED, "testbed-vlm-eagle")
@@ -586,6 +635,10 @@ def main(argv=None) -> int:
     e.add_argument("--workload", default="docs,charts")
     e.add_argument("--docs-mode", default=None, choices=["page", "block", "mix"],
                    help="docs items: pages, block crops, or the workload's default mix")
+    e.add_argument("--workload-options", type=json.loads, default={}, metavar="JSON",
+                   help='constructor arguments per workload, e.g. \'{"docs": {"font_sizes": [22, 26]}}\'')
+    e.add_argument("--grounding", action="store_true",
+                   help="also report teacher-forced accuracy with each image and with a blank one")
     args = p.parse_args(argv)
     if args.cmd == "train":
         cfg = TargetTrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"})
@@ -600,9 +653,13 @@ def main(argv=None) -> int:
     model = Qwen2VLForConditionalGeneration.from_pretrained(args.model).eval()
     processor = AutoProcessor.from_pretrained(args.model)
     for name in args.workload.split(","):
-        options = {"mode": args.docs_mode} if name == "docs" and args.docs_mode else None
+        options = dict(args.workload_options.get(name, {}))
+        if name == "docs" and args.docs_mode:
+            options["mode"] = args.docs_mode
         print(json.dumps(evaluate(model, processor, name, n=args.n, max_new_tokens=args.max_new_tokens,
                                   options=options)))
+        if args.grounding:
+            print(json.dumps(grounding(model, processor, name, n=args.n, options=options)))
     return 0
 
 

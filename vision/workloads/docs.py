@@ -259,7 +259,10 @@ class DocsWorkload(SeededWorkload):
         min_blocks, max_blocks: content blocks per page (headings come on top); blocks that would not fit
             are dropped, so the target always matches what is drawn.
         mode: ``"page"``, ``"block"`` or ``"mix"`` (a crop with probability ``block_fraction``).
-        font_sizes: ``(min, max)`` body text size in pixels; headings are 2-6 px larger.
+        font_sizes: ``(min, max)`` body text size in pixels; headings are 2-6 px larger. The default 22-26 px
+            is 10-12 pt type scanned at 150-200 dpi, and puts about two characters in each 28-px merged
+            Qwen2-VL token; at 11-14 px (the first default) a token spans about four characters and two lines,
+            more than the small testbed target's tower learned to separate.
         fonts: ``"auto"`` (every family :func:`~mmspec.vision.workloads.render.font_families` finds),
             ``"default"`` (Pillow's bundled font only: the same pixels on any machine with this Pillow), or
             a list of family names.
@@ -296,7 +299,7 @@ class DocsWorkload(SeededWorkload):
         return [f"eagle:{path}"] if path and self.bundled_model() else []
 
     def __init__(self, width: int = 336, height: int = 448, *, min_blocks: int = 2, max_blocks: int = 3,
-                 mode: str = "mix", block_fraction: float = 0.3, font_sizes: tuple[int, int] = (11, 14),
+                 mode: str = "mix", block_fraction: float = 0.3, font_sizes: tuple[int, int] = (22, 26),
                  fonts="auto", augment: bool = True, max_rotation: float = 1.0,
                  block_types=BLOCK_TYPES, crop_multiple: int = 28, char_boxes: bool = False,
                  scrambled_fraction: float = 0.0, seed: int = 0):
