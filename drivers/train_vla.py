@@ -144,7 +144,8 @@ def vla_losses(vla: DrivingVLA, examples, reader, generator=None) -> dict:
 class VLATrainConfig:
     """Hyper-parameters of :func:`train_vla` (saved beside the checkpoint); ``stop_after`` ends this run early
     while the schedule still spans ``steps``; ``init`` starts from another checkpoint's weights (fresh
-    optimizer and schedule; the action expert takes the current action normalisation)."""
+    optimizer and schedule; the action expert takes the current action normalisation); ``perturb`` is the
+    share of training items with a perturbed lead-in and the expert's recovery (see ``DrivingWorkload``)."""
 
     out: str = "driving-vla"
     size: str = "small"
@@ -161,6 +162,7 @@ class VLATrainConfig:
     tokenizer_texts: int = 2000
     vocab_size: int = 512
     init: str = ""
+    perturb: float = 0.0
 
 
 def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
@@ -194,7 +196,7 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
         sched.step()
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     trim_log(log_path, start)  # steps logged past the last checkpoint by a killed job
-    wl = get_workload("driving", labels=True)
+    wl = get_workload("driving", labels=True, perturb=cfg.perturb)
     gen = torch.Generator().manual_seed(cfg.seed)
     end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
     vla.train()

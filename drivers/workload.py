@@ -21,7 +21,8 @@ from PIL import Image
 from mmspec.workloads import Example, SeededWorkload
 
 from .clips import FUTURE_TICKS, sample_at
-from .world import CAMERAS, DT, SCENARIO_KINDS, render_frame, scenario_for, simulate
+from .world import (CAMERAS, DT, SCENARIO_KINDS, perturbed_expert, render_frame, safety_events, scenario_for,
+                    simulate)
 
 __all__ = ["DrivingWorkload", "history_text", "driving_prompt"]
 
@@ -52,6 +53,12 @@ class DrivingWorkload(SeededWorkload):
         kinds: scenario kinds drawn from (uniformly); default all of :data:`SCENARIO_KINDS`.
         labels: also return each frame's class-id image (``meta["labels"]``, see ``render_frame(labels=True)``)
             for dense supervision of a vision tower.
+        perturb: share of items whose last 1-2.5 s before the sample tick were driven by the expert with a
+            constant acceleration and curvature offset (:func:`~mmspec.drivers.world.perturbed_expert`): the
+            history shows the ego drifting off the lane centre or speeding, the future the expert's recovery
+            (training data against closed-loop drift). Items whose recovery would still end in a collision,
+            off the road or through a red light keep the expert's own lead-in. Drawn only when > 0, so the
+            default items are unchanged.
         seed: mixed into every item's seed.
     """
 
@@ -68,7 +75,8 @@ class DrivingWorkload(SeededWorkload):
 
         return bench_driving(model or self.bundled_model(), examples, cfg, progress)
 
-    def __init__(self, cameras=("front",), size=(224, 112), kinds=None, labels: bool = False, seed: int = 0):
+    def __init__(self, cameras=("front",), size=(224, 112), kinds=None, labels: bool = False, perturb: float = 0.0,
+                 seed: int = 0):
         bad = [c for c in cameras if c not in CAMERAS]
         if bad or not cameras:
             from mmspec.errors import InvalidInputError
@@ -76,11 +84,28 @@ class DrivingWorkload(SeededWorkload):
             raise InvalidInputError(f"unknown cameras {bad}; use some of {sorted(CAMERAS)}")
         self.cameras, self.size, self.seed, self.labels = tuple(cameras), tuple(size), seed, labels
         self.kinds = tuple(kinds or SCENARIO_KINDS)
+        if not 0.0 <= perturb <= 1.0:
+            from mmspec.errors import InvalidInputError
+
+            raise InvalidInputError(f"perturb must be in [0, 1], got {perturb}")
+        self.perturb = float(perturb)
 
     def generate(self, rng, nrng, split, index, draw=True):
         kind = self.kinds[rng.randrange(len(self.kinds))]
         tick = 20 + rng.randrange(21)  # 2-4 s in: most scripted events are under way
-        sim = simulate(scenario_for(split, index, self.seed, kind), seconds=(tick + FUTURE_TICKS + 1) * DT)
+        scn = scenario_for(split, index, self.seed, kind)
+        seconds = (tick + FUTURE_TICKS + 1) * DT
+        sim = None
+        if self.perturb and rng.random() < self.perturb:
+            lead_in = rng.randint(10, 25)
+            policy = perturbed_expert(tick - lead_in, tick, rng.uniform(-1.5, 1.5),
+                                      rng.choice((-1, 1)) * rng.uniform(0.005, 0.02))
+            sim = simulate(scn, seconds, policy)
+            ev = safety_events(sim)
+            if ev["collision"] or ev["offroad"] or ev["red_light"] or sim.ticks <= tick + FUTURE_TICKS:
+                sim = None  # an unrecoverable perturbation would teach the crash
+        perturbed = sim is not None
+        sim = sim or simulate(scn, seconds)
         sample = sample_at(sim, tick, cameras=self.cameras if draw else (), size=self.size)
         images = [Image.fromarray(f) for cam in self.cameras for f in sample["frames"].get(cam, [])]
         prompt = driving_prompt(self.cameras, 4, sample["history"], sample["speed"])
@@ -89,7 +114,7 @@ class DrivingWorkload(SeededWorkload):
             ticks = range(tick - len(images) // len(self.cameras) + 1, tick + 1)
             label_maps = [np.asarray(render_frame(sim, k, cam, self.size, labels=True)) for cam in self.cameras
                           for k in ticks]
-        meta = {"kind": kind, "tick": tick, "history": sample["history"], "speed": sample["speed"],
+        meta = {"kind": kind, "tick": tick, "perturbed": perturbed, "history": sample["history"], "speed": sample["speed"],
                 "future": sample["future"], "actions": sample["actions"], "hazard_kind": h.kind, "hazard_distance": h.distance,
                 "hazard_action": h.action}
         if self.labels and draw:

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from mmspec.drivers.clips import FUTURE_TICKS, HISTORY_TICKS, load_clip, sample_at, write_clip
-from mmspec.drivers.world import (CAR_LEN, DT, SCENARIO_KINDS, hazard_at, make_scenario, reasoning_text,
-                                  render_frame, safety_events, scenario_for, simulate)
-from mmspec.workloads import get_workload
+from mmspec.drivers.world import (CAR_LEN, DT, SCENARIO_KINDS, hazard_at, make_scenario, perturbed_expert,
+                                  reasoning_text, render_frame, safety_events, scenario_for, simulate)
+from mmspec.workloads import get_workload, seed_for
 
 
 def test_items_are_deterministic_and_splits_differ():
@@ -129,3 +129,29 @@ def test_safety_events_catch_a_crash_and_a_departure():
     assert safety_events(crash)["collision"]
     off = simulate(scenario_for("test", 4, kind="cruise"), seconds=5.0, policy=lambda sim, k: (0.0, -0.1))
     assert safety_events(off)["offroad"] and not safety_events(simulate(scn, seconds=8.0))["collision"]
+
+
+def test_perturbed_items_show_a_drift_and_the_experts_recovery():
+    """Half the items of a perturbed workload start off the lane centre or off the expert's speed; their
+    future is the expert's recovery (back near the centre), they are deterministic, and items never teach a
+    crash; the default workload draws no perturbation (its items are unchanged)."""
+    wl = get_workload("driving", perturb=0.5, size=(112, 56))
+    items = wl.examples("train", 24)
+    perturbed = [ex for ex in items if ex.meta["perturbed"]]
+    assert 6 <= len(perturbed) <= 18
+    plain = get_workload("driving", size=(112, 56)).examples("train", 24)
+    moved = 0
+    for ex, base in zip(items, plain):
+        if not ex.meta["perturbed"]:
+            assert np.allclose(ex.meta["future"], base.meta["future"]) and ex.target == base.target
+            continue
+        moved += np.abs(ex.meta["history"] - base.meta["history"]).max() > 0.1
+    assert moved >= len(perturbed) - 1
+    again = get_workload("driving", perturb=0.5, size=(112, 56)).examples("train", 24)
+    assert all(np.array_equal(a.meta["future"], b.meta["future"]) for a, b in zip(items, again))
+    with pytest.raises(Exception, match="perturb"):
+        get_workload("driving", perturb=1.5)
+    scn = make_scenario(seed_for("driving", "train", 3), "cruise")
+    sim = simulate(scn, 8.0, perturbed_expert(10, 30, 1.0, 0.02))
+    offset = [abs(scn.road.project(*sim.ego[k][:2])[1]) for k in (30, sim.ticks - 1)]
+    assert offset[0] > 0.8 and offset[1] < 0.1  # drifted by the perturbation, then brought back
