@@ -326,7 +326,8 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
     """Let the VLA drive: the expert drives the first ``handover_tick`` ticks (history for the model), then
     every ``replan_every`` ticks the pipeline plans from the current frames and ego history and the ego
     executes the planned (accel, curvature) steps. Rates of collision, off-road and red-light running over
-    ``n`` scenarios (all kinds in turn), the same for the expert, and mean progress.
+    ``n`` scenarios (all kinds in turn), the same for the expert, mean progress, and the model's incident
+    counts per scenario kind (``model_by_kind``).
 
     Example:
         >>> closed_loop(DrivingVLA.from_pretrained("driving-vla"), n=6)            # doctest: +SKIP
@@ -338,6 +339,7 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
     pipe = DrivingPipeline(vla)
     totals = {"model": {"collision": 0, "offroad": 0, "red_light": 0, "progress_m": 0.0},
               "expert": {"collision": 0, "offroad": 0, "red_light": 0, "progress_m": 0.0}}
+    by_kind: dict = {}  # the model's incident counts per scenario kind: where it fails, not only how often
     for i in range(n):
         scn = scenario_for(split, 10_000 + i, seed, SCENARIO_KINDS[i % len(SCENARIO_KINDS)])
         plan = {}
@@ -360,9 +362,13 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
             ev = safety_events(simulate(scn, seconds, pol), handover_tick)
             for key in ("collision", "offroad", "red_light"):
                 totals[who][key] += int(ev[key])
+                if who == "model":
+                    kind = by_kind.setdefault(scn.kind, {"n": 0, "collision": 0, "offroad": 0, "red_light": 0})
+                    kind[key] += int(ev[key])
             totals[who]["progress_m"] += ev["progress_m"]
+        by_kind[scn.kind]["n"] += 1
     return {who: {**{f"{k}_rate": v / n for k, v in t.items() if k != "progress_m"},
-                  "progress_m": t["progress_m"] / n} for who, t in totals.items()} | {"n": n}
+                  "progress_m": t["progress_m"] / n} for who, t in totals.items()} | {"n": n, "model_by_kind": by_kind}
 
 
 def _parse(sentence: str):

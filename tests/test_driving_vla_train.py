@@ -56,9 +56,13 @@ def test_closed_loop_runs_the_model_and_the_expert(tmp_path):
     vla = build_vla("tiny", tokenizer_texts=40, vocab_size=300).eval()
     vla.expert.num_steps = 2
     res = closed_loop(vla, n=2, seconds=3.0, handover_tick=20, replan_every=5)
-    assert res["n"] == 2 and set(res) == {"model", "expert", "n"}
+    assert res["n"] == 2 and set(res) == {"model", "expert", "n", "model_by_kind"}
     for who in ("model", "expert"):
         assert set(res[who]) == {"collision_rate", "offroad_rate", "red_light_rate", "progress_m"}
+    # The per-kind counts add up to the rates (kinds are taken in turn: cruise, then lead_brake).
+    assert list(res["model_by_kind"]) == ["cruise", "lead_brake"]
+    for key in ("collision", "offroad", "red_light"):
+        assert sum(k[key] for k in res["model_by_kind"].values()) == res["model"][f"{key}_rate"] * 2
     assert res["expert"]["collision_rate"] == 0.0 and res["expert"]["progress_m"] > 5.0
 
 
