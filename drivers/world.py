@@ -356,11 +356,12 @@ def _agents_at(scn: Scenario, t: float) -> list:
         x, y, psi = road.pose(s, off)
         out.append({"kind": "lead", "x": x, "y": y, "yaw": psi, "length": CAR_LEN, "width": CAR_WID,
                     "height": CAR_H, "color": scn.colors.get("lead", (200, 40, 40)), "s": s, "offset": off,
-                    "speed": v})
+                    "speed": v, "braking": scn.lead["behaviour"] == "brake" and t > scn.lead["t_event"]})
     for s in scn.parked:
         x, y, psi = road.pose(s, -2.9)
         out.append({"kind": "parked", "x": x, "y": y, "yaw": psi, "length": CAR_LEN, "width": CAR_WID,
-                    "height": CAR_H, "color": (120, 120, 130), "s": s, "offset": -2.9, "speed": 0.0})
+                    "height": CAR_H, "color": (120, 120, 130), "s": s, "offset": -2.9, "speed": 0.0,
+                    "braking": False})
     if scn.pedestrian is not None:
         off = _pedestrian_offset(scn, t)
         if off is not None:
@@ -578,6 +579,16 @@ def _draw_box(draw, b, cam, f, cx, cy, cam_h, paint):
     if b["kind"] != "pedestrian" and (v1 - v0) > 6:  # a rear window, so cars read as cars
         draw.rectangle([u0 + (u1 - u0) * 0.2, v0 + (v1 - v0) * 0.12, u1 - (u1 - u0) * 0.2, v0 + (v1 - v0) * 0.45],
                        fill=b["color"] if isinstance(b["color"], int) else (150, 190, 220))
+    if "braking" in b:
+        # Tail lamps, lit while braking (and once stopped): what tells a driver the car ahead is braking
+        # before the gap visibly closes. Label renders keep the car's class.
+        label = isinstance(b["color"], int)
+        lit = (255, 90, 90) if b["braking"] else (90, 15, 15)
+        w, h = max(1.0, (u1 - u0) * 0.2), max(1.0, (v1 - v0) * 0.16)
+        top = v0 + (v1 - v0) * 0.55
+        for left in (u0 + (u1 - u0) * 0.04, u1 - (u1 - u0) * 0.04 - w):
+            draw.rectangle([left, top, left + w, top + h], fill=b["color"] if label else lit,
+                           outline=None if label or w < 4 else (25, 25, 25))
 
 
 def scenario_for(split: str, index: int, seed: int = 0, kind: str | None = None) -> Scenario:
