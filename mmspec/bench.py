@@ -183,15 +183,32 @@ def _resolve_workloads(names) -> list:
 
 def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
     """Validated system names, AR first; raises :class:`InvalidInputError` on unknown ones. ``bundled``:
-    drafter specs shipped for the default target, added to the default list."""
+    drafter specs shipped for the default target, added to the default list; a trained kind named bare
+    (``eagle``, ``eagle;topk=3``, ``eagle+budget``) means the shipped head, and is refused when none ships.
+
+    Example:
+        >>> _resolve_systems(["eagle;topk=3+budget", "lookup"], None, ["eagle:/heads/e"])
+        ['ar', 'eagle:/heads/e;topk=3+budget', 'lookup']
+    """
     from .registry import drafter_kinds
 
     if not names:
         names = (["ar", "hf-prompt-lookup", "lookup"] + list(bundled)
                  + (["hf-assistant", "draft-model"] if draft_model else []))
+    from .train import trainer_kinds
+
     kinds = drafter_kinds()
+    shipped = {spec.partition(":")[0]: spec for spec in bundled}
     out = ["ar"]
     for name in names:
+        head = name.split(";")[0].removesuffix(BUDGET_SUFFIX)
+        if head in trainer_kinds() and ":" not in head:
+            # A trained kind named without a path would be built untrained and measure nothing: it means the
+            # head that ships for the default target, or it is an error.
+            if head not in shipped:
+                raise InvalidInputError(f"system {name!r} names no trained {head} head; use '{head}:DIR' "
+                                        "(a checkpoint from `mmspec train`)")
+            name = shipped[head] + name[len(head):]
         if name in out:
             continue
         base = name.removesuffix(BUDGET_SUFFIX)

@@ -247,3 +247,14 @@ def test_default_quick_bench_on_the_bundled_target(tmp_path, capsys):
         assert r["status"] == "ok" and r["identical_to_ar"] is True, r
     if any(s.startswith("eagle") for s in systems):
         assert systems["eagle"]["tau"] >= 1.0
+
+
+def test_a_bare_trained_kind_means_the_shipped_head_or_an_error():
+    """`--systems eagle` once built an untrained head and reported its τ of 1.0 as "eagle"."""
+    from mmspec.bench import _resolve_systems
+
+    assert _resolve_systems(["eagle", "eagle+budget", "eagle;topk=3"], None, ["eagle:/h"]) == [
+        "ar", "eagle:/h", "eagle:/h+budget", "eagle:/h;topk=3"]
+    assert _resolve_systems(["eagle:/mine"], None, []) == ["ar", "eagle:/mine"]
+    with pytest.raises(mmspec.InvalidInputError, match="no trained eagle head"):
+        _resolve_systems(["lookup", "eagle+budget"], None, [])

@@ -8,5 +8,8 @@ W=${1:-.mmspec_cache/reproduce-driving}
 python -m mmspec.drivers.train_vla train --out "$W/vla1" --size small --steps 1500 --batch-size 8 --threads 2
 # Phase 2: from phase 1 with the expert's per-dimension action normalisation (1500 steps, ~31 min at 1 thread).
 python -m mmspec.drivers.train_vla train --out "$W/vla2" --init "$W/vla1" --steps 1500 --threads 1
-python -m mmspec.drivers.train_vla export --model "$W/vla2"
-python -m mmspec.drivers.train_vla eval --n 24 --samples 6 --closed-loop 12
+# Phase 3: from phase 2 once the world drew tail lamps (lit while the lead brakes): 1200 steps at lr 5e-4
+# (~25 min at 1 thread).
+python -m mmspec.drivers.train_vla train --out "$W/vla3" --init "$W/vla2" --steps 1200 --lr 5e-4 --threads 1
+python -m mmspec.drivers.train_vla export --model "$W/vla3"
+python -m mmspec.drivers.train_vla eval --n 24 --samples 6 --closed-loop 24
