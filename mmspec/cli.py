@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=int, default=20)
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--no-ttt", action="store_true", help="no training-time test (one unroll step)")
-    t.add_argument("--ttt-steps", type=int, default=2, help="training-time-test unroll depth (default 2)")
+    t.add_argument("--ttt-steps", type=int, default=None,
+                   help="training-time-test unroll depth (default: the draft depth, --num-draft-tokens)")
     t.add_argument("--num-draft-tokens", type=int, default=4, help="chain depth saved with the drafter")
     t.add_argument("--out", required=True, help="output folder")
     t.add_argument("--save-every", type=int, default=100, help="checkpoint period in steps (0: final only)")
