@@ -55,7 +55,7 @@ class DrivingWorkload(SeededWorkload):
             for dense supervision of a vision tower.
         perturb: share of items whose last 1-2.5 s before the sample tick were driven by the expert with a
             constant acceleration and curvature offset (:func:`~mmspec.drivers.world.perturbed_expert`): the
-            history shows the ego drifting off the lane centre or speeding, the future the expert's recovery
+            history shows the ego drifting off the lane centre, too fast or too slow, the future the expert's recovery
             (training data against closed-loop drift). Items whose recovery would still end in a collision,
             off the road or through a red light keep the expert's own lead-in. Drawn only when > 0, so the
             default items are unchanged.

@@ -320,7 +320,7 @@ def perturbed_expert(start: int, stop: int, accel_offset: float, curvature_offse
             return None
         x, y, yaw, v = sim.ego[k]
         acc, curv = _expert(sim.scenario, k * DT, x, y, yaw, v, sim.ego_s[k])
-        return acc + accel_offset, curv + curvature_offset
+        return acc + accel_offset, max(-0.2, min(0.2, curv + curvature_offset))  # the expert's own limit
 
     return policy
 
@@ -581,7 +581,8 @@ def _draw_box(draw, b, cam, f, cx, cy, cam_h, paint):
                        fill=b["color"] if isinstance(b["color"], int) else (150, 190, 220))
     if "braking" in b:
         # Tail lamps, lit while braking (and once stopped): what tells a driver the car ahead is braking
-        # before the gap visibly closes. Label renders keep the car's class.
+        # before the gap visibly closes. Drawn on the box's screen rectangle (the rear as the front camera
+        # sees it; side cameras see them on the flank). Label renders keep the car's class.
         label = isinstance(b["color"], int)
         lit = (255, 90, 90) if b["braking"] else (90, 15, 15)
         w, h = max(1.0, (u1 - u0) * 0.2), max(1.0, (v1 - v0) * 0.16)

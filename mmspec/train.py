@@ -602,6 +602,11 @@ def fit(cfg: TrainConfig, accelerator=None):
         drafter.load_state_dict(load_file(os.path.join(ckpt, WEIGHTS_NAME)))
         state = torch.load(os.path.join(ckpt, STATE_NAME), weights_only=True, map_location="cpu")
         start = int(state["step"])
+        saved_cfg = os.path.join(cfg.out, "train_config.json")
+        if cfg.ttt_steps is None and os.path.isfile(saved_cfg):
+            # A run started under another default keeps the unroll it started with.
+            with open(saved_cfg) as f:
+                cfg.ttt_steps = json.load(f).get("ttt_steps") or cfg.ttt_steps
     if start >= cfg.steps:
         acc.print(f"mmspec train: already at step {start} >= steps {cfg.steps}")
     module = trainer.loss_module(drafter, cfg).train()

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from mmspec.drivers.clips import FUTURE_TICKS, HISTORY_TICKS, load_clip, sample_at, write_clip
-from mmspec.drivers.world import (CAR_LEN, DT, SCENARIO_KINDS, hazard_at, make_scenario, perturbed_expert,
-                                  reasoning_text, render_frame, safety_events, scenario_for, simulate)
+from mmspec.drivers.world import (CAR_LEN, DT, LABELS, SCENARIO_KINDS, hazard_at, make_scenario,
+                                  perturbed_expert, reasoning_text, render_frame, safety_events, scenario_for,
+                                  simulate)
 from mmspec.workloads import get_workload, seed_for
 
 
@@ -109,7 +110,6 @@ def test_recorded_actions_reproduce_the_future():
 
 
 def test_label_rendering_matches_the_picture():
-    from mmspec.drivers.world import LABELS
 
     sim = simulate(scenario_for("test", 0, kind="lead_brake"), seconds=2.0)
     rgb = np.asarray(render_frame(sim, 10))
@@ -155,3 +155,21 @@ def test_perturbed_items_show_a_drift_and_the_experts_recovery():
     sim = simulate(scn, 8.0, perturbed_expert(10, 30, 1.0, 0.02))
     offset = [abs(scn.road.project(*sim.ego[k][:2])[1]) for k in (30, sim.ticks - 1)]
     assert offset[0] > 0.8 and offset[1] < 0.1  # drifted by the perturbation, then brought back
+
+
+def test_tail_lamps_light_up_when_the_lead_brakes():
+    """Braking is visible in the frames (lit lamps), not only in the slowly closing gap; the label render
+    still shows the car as one class."""
+    scn = make_scenario(seed_for("driving", "test", 5), "lead_brake")
+    sim = simulate(scn, 6.0)
+    t_event = int(scn.lead["t_event"] / DT)
+
+    def count(k, rgb):
+        return int((np.asarray(render_frame(sim, k)) == rgb).all(-1).sum())
+
+    before, after = t_event - 2, t_event + 5
+    assert count(before, (255, 90, 90)) == 0 and count(before, (90, 15, 15)) > 0
+    assert count(after, (255, 90, 90)) > 0
+    lamps = (np.asarray(render_frame(sim, after)) == (255, 90, 90)).all(-1)
+    labels = np.asarray(render_frame(sim, after, labels=True))
+    assert (labels[lamps] == LABELS.index("vehicle")).all()

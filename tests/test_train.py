@@ -238,3 +238,12 @@ def test_two_process_training_smoke(data_dir, tmp_path):
     assert [r["step"] for r in log] == [1, 2, 3] and all(r["world_size"] == 2 for r in log)  # written once
     assert sorted(os.listdir(out / "checkpoints")) == ["step-000002", "step-000003"]
     assert (out / "model.safetensors").is_file()
+
+
+def test_a_resumed_run_keeps_the_unroll_it_started_with(data_dir, tmp_path):
+    """A run started with an explicit unroll and resumed without one must not switch to the default."""
+    out = _with_data(data_dir, tmp_path)
+    fit(_cfg(out, steps=2, save_every=2, ttt_steps=2))
+    fit(_cfg(out, steps=3, save_every=2, resume=True))
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3] and all(len(r["loss"]) == 2 for r in log)
