@@ -358,15 +358,15 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
             a = plan["actions"][k - plan["start"]]
             return float(a[0]), float(a[1])
 
+        kind = by_kind.setdefault(scn.kind, {"n": 0, "collision": 0, "offroad": 0, "red_light": 0})
+        kind["n"] += 1
         for who, pol in (("model", policy), ("expert", None)):
             ev = safety_events(simulate(scn, seconds, pol), handover_tick)
             for key in ("collision", "offroad", "red_light"):
                 totals[who][key] += int(ev[key])
                 if who == "model":
-                    kind = by_kind.setdefault(scn.kind, {"n": 0, "collision": 0, "offroad": 0, "red_light": 0})
                     kind[key] += int(ev[key])
             totals[who]["progress_m"] += ev["progress_m"]
-        by_kind[scn.kind]["n"] += 1
     return {who: {**{f"{k}_rate": v / n for k, v in t.items() if k != "progress_m"},
                   "progress_m": t["progress_m"] / n} for who, t in totals.items()} | {"n": n, "model_by_kind": by_kind}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from mmspec.errors import InvalidInputError
 from mmspec.workloads import Example, SeededWorkload
 
 from .clips import FUTURE_TICKS, sample_at
@@ -55,8 +56,8 @@ class DrivingWorkload(SeededWorkload):
             for dense supervision of a vision tower.
         perturb: share of items whose last 1-2.5 s before the sample tick were driven by the expert with a
             constant acceleration and curvature offset (:func:`~mmspec.drivers.world.perturbed_expert`): the
-            history shows the ego drifting off the lane centre, too fast or too slow, the future the expert's recovery
-            (training data against closed-loop drift). Items whose recovery would still end in a collision,
+            history shows the ego drifting off the lane centre, too fast or too slow, the future the expert's
+            recovery (training data against closed-loop drift). Items whose recovery would still end in a collision,
             off the road or through a red light keep the expert's own lead-in. Drawn only when > 0, so the
             default items are unchanged.
         seed: mixed into every item's seed.
@@ -79,14 +80,10 @@ class DrivingWorkload(SeededWorkload):
                  seed: int = 0):
         bad = [c for c in cameras if c not in CAMERAS]
         if bad or not cameras:
-            from mmspec.errors import InvalidInputError
-
             raise InvalidInputError(f"unknown cameras {bad}; use some of {sorted(CAMERAS)}")
         self.cameras, self.size, self.seed, self.labels = tuple(cameras), tuple(size), seed, labels
         self.kinds = tuple(kinds or SCENARIO_KINDS)
         if not 0.0 <= perturb <= 1.0:
-            from mmspec.errors import InvalidInputError
-
             raise InvalidInputError(f"perturb must be in [0, 1], got {perturb}")
         self.perturb = float(perturb)
 
@@ -114,9 +111,9 @@ class DrivingWorkload(SeededWorkload):
             ticks = range(tick - len(images) // len(self.cameras) + 1, tick + 1)
             label_maps = [np.asarray(render_frame(sim, k, cam, self.size, labels=True)) for cam in self.cameras
                           for k in ticks]
-        meta = {"kind": kind, "tick": tick, "perturbed": perturbed, "history": sample["history"], "speed": sample["speed"],
-                "future": sample["future"], "actions": sample["actions"], "hazard_kind": h.kind, "hazard_distance": h.distance,
-                "hazard_action": h.action}
+        meta = {"kind": kind, "tick": tick, "perturbed": perturbed, "history": sample["history"],
+                "speed": sample["speed"], "future": sample["future"], "actions": sample["actions"],
+                "hazard_kind": h.kind, "hazard_distance": h.distance, "hazard_action": h.action}
         if self.labels and draw:
             meta["labels"] = label_maps
         return Example(id="", prompt=prompt, target=sample["reasoning"], images=images, meta=meta)

@@ -42,6 +42,7 @@ __all__ = ["Road", "Scenario", "SimResult", "Hazard", "make_scenario", "simulate
 
 DT = 0.1  # 10 Hz, as the driving VLAs tick
 LANE_WIDTH = 3.5
+MAX_CURVATURE = 0.2  # 1/m: the expert's steering limit (a 5 m turning radius)
 SCENARIO_KINDS = ("cruise", "lead_brake", "cut_in", "red_light", "pedestrian", "parked")
 CAMERAS = {"front": 0.0, "left": math.radians(55), "right": -math.radians(55)}  # yaw offsets
 CAR_LEN, CAR_WID, CAR_H = 4.5, 1.9, 1.5
@@ -298,7 +299,7 @@ def _expert(scn: Scenario, t: float, x, y, yaw, v, s_ego) -> tuple[float, float]
     dx, dy = tx - x, ty - y
     lat = -dx * math.sin(yaw) + dy * math.cos(yaw)
     curv = 2 * lat / max(dx * dx + dy * dy, 1e-3)
-    return acc, max(-0.2, min(0.2, curv))
+    return acc, max(-MAX_CURVATURE, min(MAX_CURVATURE, curv))
 
 
 def perturbed_expert(start: int, stop: int, accel_offset: float, curvature_offset: float):
@@ -320,7 +321,7 @@ def perturbed_expert(start: int, stop: int, accel_offset: float, curvature_offse
             return None
         x, y, yaw, v = sim.ego[k]
         acc, curv = _expert(sim.scenario, k * DT, x, y, yaw, v, sim.ego_s[k])
-        return acc + accel_offset, max(-0.2, min(0.2, curv + curvature_offset))  # the expert's own limit
+        return acc + accel_offset, max(-MAX_CURVATURE, min(MAX_CURVATURE, curv + curvature_offset))
 
     return policy
 

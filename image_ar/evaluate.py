@@ -65,7 +65,8 @@ def evaluate_generator(pipe, clf: WorldClassifier, n: int = 200, cfg_scale: floa
     for i in tqdm(range(0, n, batch_size), desc="generate", file=sys.stderr, disable=not progress):
         generated += pipe(prompts[i:i + batch_size], seed=seed + i, cfg_scale=cfg_scale, temperature=temperature,
                           top_k=top_k)
-    out = {"n": n, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "fid": fid(clf, generated, real), "fid_real_vs_real": fid(clf, others, real)}
+    out = {"n": n, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
+           "fid": fid(clf, generated, real), "fid_real_vs_real": fid(clf, others, real)}
     acc = prompt_accuracy(clf, generated, prompts)
     out["prompt_accuracy"], out["field_accuracy"] = acc.pop("all"), acc
     out["real_prompt_accuracy"] = prompt_accuracy(clf, real, prompts)["all"]

@@ -191,18 +191,18 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
         ['ar', 'eagle:/heads/e;topk=3+budget', 'lookup']
     """
     from .registry import drafter_kinds
+    from .train import trainer_kinds
 
     if not names:
         names = (["ar", "hf-prompt-lookup", "lookup"] + list(bundled)
                  + (["hf-assistant", "draft-model"] if draft_model else []))
-    from .train import trainer_kinds
-
     kinds = drafter_kinds()
+    trained = set(trainer_kinds())
     shipped = {spec.partition(":")[0]: spec for spec in bundled}
     out = ["ar"]
     for name in names:
         head = name.split(";")[0].removesuffix(BUDGET_SUFFIX)
-        if head in trainer_kinds() and ":" not in head:
+        if head in trained:
             # A trained kind named without a path would be built untrained and measure nothing: it means the
             # head that ships for the default target, or it is an error.
             if head not in shipped:

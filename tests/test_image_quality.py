@@ -40,7 +40,7 @@ def test_classifier_learns_and_metrics_separate_right_from_wrong(tmp_path):
 def test_bundled_classifier_reads_every_field_of_real_pictures():
     from mmspec.image_ar.quality import bundled_classifier
 
-    if bundled_classifier() is None:
+    if bundled_classifier() is None:  # an install without the repository's assets; this checkout ships it
         pytest.skip("no world classifier bundled in this install")
     clf = WorldClassifier.from_pretrained(bundled_classifier())
     exs = get_workload("images").examples("test", 64)

@@ -32,8 +32,8 @@ from mmspec.train import add_config_arguments, trim_log
 from mmspec.workloads import get_workload
 
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
-           "patch_reading_loss", "reading_targets", "train_target", "evaluate", "export_target", "bundled_target", "bundled_eagle",
-           "PatchReader", "CHARSET"]
+           "patch_reading_loss", "reading_targets", "train_target", "evaluate", "grounding", "export_target",
+           "bundled_target", "bundled_eagle", "PatchReader", "CHARSET"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
 _CHAR_INDEX = {c: i for i, c in enumerate(CHARSET)}
@@ -228,8 +228,9 @@ class TargetTrainConfig:
     attend to the image token showing the *current* token (a content match, easy to learn, whose output
     carries that cell's row and column: the later pointer then only adds an offset); ``locate_weight``: the
     first text layer must know each image token's row and column. ``init``: start from another
-    checkpoint's weights and patch reader (when trained with the same ``aux_loss``; fresh optimizer and schedule); ``stop_after``: end this run at that step while the
-    learning-rate schedule still spans ``steps`` (resume later to continue it).
+    checkpoint's weights and patch reader (the reader when trained with the same ``aux_loss``; fresh optimizer
+    and schedule); ``stop_after``: end this run at that step while the learning-rate schedule still spans
+    ``steps`` (resume later to continue it).
     """
 
     out: str = "testbed-target"
@@ -381,8 +382,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     elif cfg.init:
         # A reader trained with the tower keeps the tower's features meaningful from the first step; one
         # trained under the other loss (sigmoids vs softmax) would be a bad start, so it is left out.
-        init_cfg = os.path.join(cfg.init, "train_config.json")
-        init_loss = json.load(open(init_cfg)).get("aux_loss", "bce") if os.path.isfile(init_cfg) else None
+        init_loss = None
+        if os.path.isfile(os.path.join(cfg.init, "train_config.json")):
+            with open(os.path.join(cfg.init, "train_config.json")) as f:
+                init_loss = json.load(f).get("aux_loss", "bce")
         if os.path.isfile(os.path.join(cfg.init, "state.pt")) and init_loss == cfg.aux_loss:
             reader.load_state_dict(torch.load(os.path.join(cfg.init, "state.pt"), weights_only=True)["reader"])
         elif progress:
@@ -541,7 +544,8 @@ def grounding(model, processor, workload: str, n: int = 16, batch_size: int = 4,
     ``n`` test items with the real image, and again with each image replaced by a white one of the same size.
 
     A target that reads scores far higher with the page than without it; one that answers from the text
-    prior (the first bundled target: docs blocks at 11-14 px 0.63 with the page, 0.60 blank) scores about the same.
+    prior (the first bundled target: docs blocks at 11-14 px 0.63 with the page, 0.60 blank) scores about
+    the same.
     Accuracies are by kind (docs: page / block; charts: regime) and overall.
 
     Example:
@@ -559,13 +563,12 @@ def grounding(model, processor, workload: str, n: int = 16, batch_size: int = 4,
         exs = wl.examples("test", min(batch_size, n - start), start=start)
         blank = [replace(ex, images=[Image.new("RGB", im.size, "white") for im in ex.images]) for ex in exs]
         right = []
-        for items in (exs, blank):
+        for items in (exs, blank):  # the same answers (labels) with the page and with a blank one
             batch = make_batch(processor, items)
-            labels = batch.pop("labels")
+            want = batch.pop("labels")[:, 1:]
             pred = model(**batch).logits[:, :-1].argmax(-1)
-            want = labels[:, 1:]
             right.append(((pred == want) & (want != -100)).sum(-1))
-            counted = (want != -100).sum(-1)
+        counted = (want != -100).sum(-1)
         for ex, r, rb, c in zip(exs, right[0].tolist(), right[1].tolist(), counted.tolist()):
             key = ex.meta.get("kind") or ex.meta.get("regime", "-")
             t = tally.setdefault(key, [0, 0, 0])
