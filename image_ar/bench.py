@@ -1,8 +1,8 @@
 """``mmspec bench --workload images``: the plain AR image generator's latency and the quality of its images.
 
 One ``ar`` record per batch size. Per batch size, after one untimed warm-up call, the items' prompts go
-through :class:`~mmspec.image_ar.generator.ImageARPipeline` in batches (seeded per batch, guidance scale
-:data:`CFG_SCALE`, temperature 1, no top-k); ``latency_ms`` holds the mean per call of ``generate`` (the code
+through :class:`~mmspec.image_ar.generator.ImageARPipeline` in batches (seeded per batch, the generator's own
+guidance scale, temperature 1, no top-k); ``latency_ms`` holds the mean per call of ``generate`` (the code
 grid), ``decode`` (VQ decoder) and ``total``, and ``quality`` the image world's measures on the generated
 images against the reference pictures of the same prompts: ``prompt_accuracy`` (every asked field read
 back by the world classifier), per-field rates, and ``fid`` on the classifier's features with ``fid_n``
@@ -23,9 +23,7 @@ from mmspec.bench import plain_record
 
 from .generator import ImageARPipeline
 
-__all__ = ["bench_images", "CFG_SCALE"]
-
-CFG_SCALE = 3.0
+__all__ = ["bench_images"]
 
 
 def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list[dict]:
@@ -46,18 +44,18 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
     records = []
     for bs in cfg.batch_sizes:
         chunks = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
-        pipe(chunks[0], seed=cfg.seed, cfg_scale=CFG_SCALE)  # warm-up, untimed
+        pipe(chunks[0], seed=cfg.seed)  # warm-up, untimed
         stages = {"generate": [], "decode": [], "total": []}
         images, tokens = [], 0
         for i, chunk in enumerate(tqdm(chunks, desc=f"images bs={bs}", file=sys.stderr, disable=not progress,
                                        leave=False)):
             t0 = time.perf_counter()
-            images += pipe(chunk, seed=cfg.seed + i, cfg_scale=CFG_SCALE)
+            images += pipe(chunk, seed=cfg.seed + i)
             stages["total"].append((time.perf_counter() - t0) * 1e3)
             stages["generate"].append(pipe.last_timings_ms["generate"])
             stages["decode"].append(pipe.last_timings_ms["decode"])
             tokens += pipe.last_timings_ms["tokens"] * len(chunk)
-        q = {"cfg_scale": CFG_SCALE, "fid_n": len(images)}
+        q = {"cfg_scale": pipe.cfg_scale, "fid_n": len(images)}
         if clf is None:
             q["note"] = "no world classifier bundled: prompt accuracy and FID not measured"
         else:
@@ -65,7 +63,8 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
             q.update(prompt_accuracy=acc.pop("all"), field_accuracy=acc,
                      fid=quality.fid(clf, images, real) if len(images) > 1 else None,
                      real_prompt_accuracy=quality.prompt_accuracy(clf, real, prompts)["all"])
-        note = (f"ImageARPipeline ({pipe.backend}), classifier-free guidance {CFG_SCALE} (batch doubled), "
+        note = (f"ImageARPipeline ({pipe.backend}), classifier-free guidance {pipe.cfg_scale}"
+                f"{' (batch doubled)' if pipe.cfg_scale > 1 else ''}, "
                 "temperature 1, seeded per batch")
         records.append(plain_record("images", bs, len(examples), [t / 1e3 for t in stages["total"]], tokens,
                                     stages, q, note))

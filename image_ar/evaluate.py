@@ -47,11 +47,12 @@ def evaluate_vq(vq: VQVAE, n: int = 256, batch_size: int = 64, split: str = "tes
 
 
 @torch.no_grad()
-def evaluate_generator(pipe, clf: WorldClassifier, n: int = 200, cfg_scale: float = 3.0, batch_size: int = 8,
+def evaluate_generator(pipe, clf: WorldClassifier, n: int = 200, cfg_scale: float | None = None, batch_size: int = 8,
                        split: str = "test", seed: int = 0, progress: bool = True, temperature: float = 1.0,
                        top_k: int | None = None) -> dict:
     """FID and prompt accuracy of ``n`` images generated for the first ``n`` prompts of ``split``, with the
-    real-vs-real FID floor, the VQ-reconstruction FID and the classifier's accuracy on real pictures."""
+    real-vs-real FID floor, the VQ-reconstruction FID and the classifier's accuracy on real pictures.
+    ``cfg_scale=None``: the generator's own guidance scale."""
     from tqdm.auto import tqdm
 
     from mmspec.workloads import get_workload
@@ -62,6 +63,7 @@ def evaluate_generator(pipe, clf: WorldClassifier, n: int = 200, cfg_scale: floa
     prompts = [ex.prompt for ex in exs]
     real = [ex.meta["image"] for ex in exs]
     generated = []
+    cfg_scale = pipe.cfg_scale if cfg_scale is None else cfg_scale
     for i in tqdm(range(0, n, batch_size), desc="generate", file=sys.stderr, disable=not progress):
         generated += pipe(prompts[i:i + batch_size], seed=seed + i, cfg_scale=cfg_scale, temperature=temperature,
                           top_k=top_k)
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
     e.add_argument("--vq", default=None)
     e.add_argument("--classifier", default=None, help="default: the bundled world classifier")
     e.add_argument("--n", type=int, default=200)
-    e.add_argument("--cfg-scale", type=float, default=3.0)
+    e.add_argument("--cfg-scale", type=float, default=None, help="default: the generator's own")
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--top-k", type=int, default=None)
     x = sub.add_parser("export", help="write the shippable (bfloat16) copies into image_ar/assets")

@@ -8,13 +8,15 @@ Two backends behind one :class:`ImageARPipeline` (``pipe(prompt, seed, cfg_scale
   in raster order, logits restricted to the codes. Classifier-free guidance as Janus does it: the batch is
   doubled, the unconditional rows have every prompt token but ``<bos>`` / ``<boi>`` replaced by ``<pad>``
   (training drops prompts that way with probability ``p_uncond``), and ``logits = u + s * (c - u)``;
-  then temperature and top-k, sampling from a seeded generator.
+  then temperature and top-k, sampling from a seeded generator. The default scale is the model's own
+  (``cfg_scale`` in ``image_generation.json``; 1.0, no guidance, when absent): in this world the prompt fixes
+  the picture, the conditional model is already sharp, and guidance hurts (see :data:`DEFAULT_CFG_SCALE`).
 * **janus**: transformers' ``JanusForConditionalGeneration`` in its native image mode (generation head,
   aligner, static cache, its own CFG processor), decoded by its VQ model.
 
 Example:
     >>> pipe = ImageARPipeline.from_pretrained("image-gen")                     # doctest: +SKIP
-    >>> pipe("a small red circle in the center on a white background", seed=0, cfg_scale=3.0)  # doctest: +SKIP
+    >>> pipe("a small red circle in the center on a white background", seed=0)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,10 +30,17 @@ import torch
 from .vq import VQVAE, to_image, to_tensor
 
 __all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "SPECIAL_TOKENS",
-           "bundled_generator", "export_generator"]
+           "DEFAULT_CFG_SCALE", "bundled_generator", "export_generator"]
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<boi>", "<eoi>", "<unk>")
 GEN_CONFIG = "image_generation.json"
+DEFAULT_CFG_SCALE = 1.0
+"""Guidance for a llama generator whose ``image_generation.json`` names none. Token-level guidance
+``u + s (c - u)`` hurts a generator whose prompt determines the picture: the unconditional rows still read
+the codes drawn so far and are often *surer* of the next code than the conditional rows (teacher-forced,
+94% top-1 against 99%), and wherever ``u`` is surer of the token ``c`` prefers, ``s > 1`` pushes another
+token up. Measured on the bundled generator (n = 200, temperature 1; ``assets/image-gen/eval.jsonl``):
+prompt accuracy 86% at 1.0, 82.5% at 1.5, 48% at 2.0, 1% at 3.0."""
 
 
 def _tokenizer(texts, vocab_size: int):
@@ -88,7 +97,7 @@ def _unconditional(ids: torch.Tensor, tok) -> torch.Tensor:
 
 
 @torch.no_grad()
-def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scale: float = 3.0,
+def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scale: float = DEFAULT_CFG_SCALE,
                    temperature: float = 1.0, top_k: int | None = None, generator=None) -> torch.Tensor:
     """Sample ``n_codes`` image codes per row (raster order) with classifier-free guidance; ``[B, n_codes]``
     code indices (``0..codebook_size-1``). ``cfg_scale <= 1`` runs the conditional rows only."""
@@ -125,13 +134,18 @@ def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scal
 
 
 class ImageARPipeline:
-    """``pipe(prompt, seed=0, cfg_scale=3.0, temperature=1.0, top_k=None) -> PIL.Image`` for both backends
+    """``pipe(prompt, seed=0, cfg_scale=None, temperature=1.0, top_k=None) -> PIL.Image`` for both backends
     (see the module docstring); :meth:`from_pretrained` picks the backend from ``config.json``."""
 
-    def __init__(self, model, tokenizer, vq: VQVAE | None = None, grid: int | None = None):
+    def __init__(self, model, tokenizer, vq: VQVAE | None = None, grid: int | None = None,
+                 cfg_scale: float | None = None):
         self.model, self.tokenizer, self.vq = model, tokenizer, vq
         self.backend = "janus" if model.config.model_type == "janus" else "llama"
         self.grid = grid
+        if cfg_scale is None:
+            cfg_scale = (getattr(model.generation_config, "guidance_scale", None) if self.backend == "janus"
+                         else None) or DEFAULT_CFG_SCALE
+        self.cfg_scale = float(cfg_scale)  # what a call without ``cfg_scale`` uses
         self.last_timings_ms: dict = {}
 
     @classmethod
@@ -150,7 +164,8 @@ class ImageARPipeline:
             extra = json.load(f)
         model = LlamaForCausalLM.from_pretrained(path).eval()
         model.generation_config.image_code_offset = extra["image_code_offset"]
-        return cls(model, tok, VQVAE.from_pretrained(os.path.join(path, "vq")), grid=extra["grid"])
+        return cls(model, tok, VQVAE.from_pretrained(os.path.join(path, "vq")), grid=extra["grid"],
+                   cfg_scale=extra.get("cfg_scale"))
 
     def save_pretrained(self, path: str, dtype=None) -> None:
         """Model, tokenizer (and for the llama backend the VQ-VAE and the grid); ``dtype`` stores the weights
@@ -167,11 +182,14 @@ class ImageARPipeline:
             self.vq.save_pretrained(os.path.join(path, "vq"), dtype)
             with open(os.path.join(path, GEN_CONFIG), "w") as f:
                 json.dump({"image_code_offset": int(self.model.generation_config.image_code_offset),
-                           "grid": self.grid}, f)
+                           "grid": self.grid, "cfg_scale": self.cfg_scale}, f)
 
     @torch.no_grad()
-    def __call__(self, prompt, seed: int = 0, cfg_scale: float = 3.0, temperature: float = 1.0,
+    def __call__(self, prompt, seed: int = 0, cfg_scale: float | None = None, temperature: float = 1.0,
                  top_k: int | None = None):
+        """One image per prompt (a list gives a list, generated as one batch); ``cfg_scale=None`` uses the
+        model's own :attr:`cfg_scale`."""
+        cfg_scale = self.cfg_scale if cfg_scale is None else cfg_scale
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         gen = torch.Generator(device=self.model.device).manual_seed(seed)
         ids, mask = _request_ids(self.tokenizer, prompts)

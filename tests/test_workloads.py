@@ -183,6 +183,22 @@ def test_modes_options_and_seed():
     assert DocsWorkload(seed=1).example("train", 0).target != DocsWorkload().example("train", 0).target
 
 
+def test_line_mode_draws_one_row_of_text():
+    w = DocsWorkload(mode="line", char_boxes=True)
+    items = w.examples("test", 12)
+    assert [e.target for e in items] == [e.target for e in w.examples("test", 12)]
+    for e in items:
+        (run,) = [r for r in e.meta["runs"] if r["text"].strip()]  # one drawn run: the target, on one row
+        assert e.meta["kind"] == "line" and run["text"] == e.target and "\n" not in e.target
+        assert e.images[0].height % 28 == 0 and e.images[0].height <= 112
+    # any line of a paragraph, not only sentence starts
+    assert sum(not e.target[:1].isupper() for e in w.examples("train", 40)) >= 5
+    kinds = [e.meta["kind"] for e in DocsWorkload(line_fraction=0.4).examples("test", 40)]
+    assert 8 <= kinds.count("line") <= 24 and "page" in kinds and "block" in kinds
+    with pytest.raises(InvalidInputError):
+        DocsWorkload(line_fraction=0.8, block_fraction=0.3)
+
+
 def test_scrambled_text_keeps_layout_and_drops_the_language():
     import re
 

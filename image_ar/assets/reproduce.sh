@@ -8,8 +8,16 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 python -m mmspec.image_ar train-vq --out "$W/vq" --steps 2000 --batch-size 32
 # World classifier (timm resnet10t, FID features and prompt accuracy): 1500 steps, batch 64 (~12 min).
 python -m mmspec.image_ar train-classifier --out "$W/world-clf" --steps 1500 --batch-size 64 --threads 1
-# AR generator (Llama 4 x 192) over the frozen VQ-VAE: 3000 steps, batch 16 (~37 min).
+# AR generator (Llama 4 x 192) over the frozen VQ-VAE: 3000 steps, batch 16 (~37 min), then resumed with the
+# schedule stretched to 6000 steps (the learning rate restarts at half its peak and decays again; ~36 min).
 python -m mmspec.image_ar train-generator --out "$W/gen" --vq "$W/vq" --size medium --steps 3000 --batch-size 16 --threads 1
+python -m mmspec.image_ar train-generator --out "$W/gen" --vq "$W/vq" --size medium --steps 6000 --batch-size 16 --threads 1
 python -m mmspec.image_ar export --generator "$W/gen" --classifier "$W/world-clf"
 cp "$W/vq/train_log.jsonl" "$HERE/image-gen/vq/"
-python -m mmspec.image_ar eval --vq "$HERE/image-gen/vq" --generator "$HERE/image-gen" --n 200
+# At the generator's defaults (no guidance, temperature 1), then near-greedy and with guidance for comparison
+# (JSON lines into eval.jsonl beside the weights).
+{
+  python -m mmspec.image_ar eval --vq "$HERE/image-gen/vq" --generator "$HERE/image-gen" --n 200
+  python -m mmspec.image_ar eval --generator "$HERE/image-gen" --n 200 --temperature 0.01
+  for s in 1.5 2.0 3.0; do python -m mmspec.image_ar eval --generator "$HERE/image-gen" --n 200 --cfg-scale $s; done
+} > "$HERE/image-gen/eval.jsonl"

@@ -258,7 +258,9 @@ class DocsWorkload(SeededWorkload):
             ``crop_multiple``.
         min_blocks, max_blocks: content blocks per page (headings come on top); blocks that would not fit
             are dropped, so the target always matches what is drawn.
-        mode: ``"page"``, ``"block"`` or ``"mix"`` (a crop with probability ``block_fraction``).
+        mode: ``"page"``, ``"block"``, ``"mix"`` (a block crop with probability ``block_fraction``, a line
+            crop with probability ``line_fraction``, else a page) or ``"line"`` (a crop of one line of body
+            text: the first rung of a reading curriculum, ``kind="line"``).
         font_sizes: ``(min, max)`` body text size in pixels; headings are 2-6 px larger. The default 22-26 px
             is 10-12 pt type scanned at 150-200 dpi, and puts about two characters in each 28-px merged
             Qwen2-VL token; at 11-14 px (the first default) a token spans about four characters and two lines,
@@ -299,12 +301,12 @@ class DocsWorkload(SeededWorkload):
         return [f"eagle:{path}"] if path and self.bundled_model() else []
 
     def __init__(self, width: int = 336, height: int = 448, *, min_blocks: int = 2, max_blocks: int = 3,
-                 mode: str = "mix", block_fraction: float = 0.3, font_sizes: tuple[int, int] = (22, 26),
+                 mode: str = "mix", block_fraction: float = 0.3, line_fraction: float = 0.0, font_sizes: tuple[int, int] = (22, 26),
                  fonts="auto", augment: bool = True, max_rotation: float = 1.0,
                  block_types=BLOCK_TYPES, crop_multiple: int = 28, char_boxes: bool = False,
                  scrambled_fraction: float = 0.0, seed: int = 0):
-        if mode not in ("page", "block", "mix"):
-            raise InvalidInputError(f"mode must be 'page', 'block' or 'mix', got {mode!r}")
+        if mode not in ("page", "block", "mix", "line"):
+            raise InvalidInputError(f"mode must be 'page', 'block', 'mix' or 'line', got {mode!r}")
         if width < 160 or height < 112:
             raise InvalidInputError(f"page too small ({width}x{height}); use at least 160x112")
         if not 1 <= min_blocks <= max_blocks:
@@ -316,7 +318,10 @@ class DocsWorkload(SeededWorkload):
             raise InvalidInputError(f"block_types must be a non-empty subset of {BLOCK_TYPES}, got {block_types}")
         self.width, self.height = int(width), int(height)
         self.min_blocks, self.max_blocks = min_blocks, max_blocks
-        self.mode, self.block_fraction = mode, float(block_fraction)
+        if not (0 <= line_fraction and 0 <= block_fraction and line_fraction + block_fraction <= 1):
+            raise InvalidInputError(f"need 0 <= line_fraction, block_fraction and their sum <= 1, got "
+                                    f"{line_fraction}, {block_fraction}")
+        self.mode, self.block_fraction, self.line_fraction = mode, float(block_fraction), float(line_fraction)
         self.font_sizes = (int(font_sizes[0]), int(font_sizes[1]))
         self.fonts = _resolve_fonts(fonts)
         self.augment, self.max_rotation = augment, float(max_rotation)
@@ -330,7 +335,10 @@ class DocsWorkload(SeededWorkload):
     def generate(self, rng: random.Random, nrng: np.random.Generator, split: str, index: int,
                  draw: bool = True) -> Example:
         u_kind = rng.random()
-        kind = "block" if self.mode == "block" or (self.mode == "mix" and u_kind < self.block_fraction) else "page"
+        mixed = self.mode == "mix"
+        kind = ("line" if self.mode == "line" or (mixed and u_kind < self.line_fraction) else
+                "block" if self.mode == "block" or (mixed and u_kind < self.line_fraction + self.block_fraction)
+                else "page")
         st = self._style(rng)
         # Only drawn when asked for, so the default world's items stay what they were.
         scrambled = self.scrambled_fraction > 0 and rng.random() < self.scrambled_fraction
@@ -352,6 +360,15 @@ class DocsWorkload(SeededWorkload):
             if not placed:  # the first content block did not fit: fall back to short paragraphs
                 placed = [(self._fit_block(g, st, inner, self.height - 2 * st.margin, ("paragraph",)), st.margin)]
             img_h = self.height
+        elif kind == "line":
+            # One line of a paragraph as the page would wrap it (any line, so mid-sentence text too): reading
+            # along one row, no line breaks.
+            lines = wrap_words(g.paragraph(1, 2), st.font(), inner)
+            text = lines[rng.randrange(len(lines))]
+            laid = _layout({"type": "paragraph", "text": text}, st, inner, self.font_sizes[0] - 1)
+            placed = [(laid, st.margin)]
+            m = max(1, self.crop_multiple)
+            img_h = min(self.height, int(math.ceil((laid.height + 2 * st.margin) / m) * m))
         else:
             laid = self._fit_block(g, st, inner, self.height - 2 * st.margin, self.block_types)
             placed = [(laid, st.margin)]
