@@ -53,12 +53,12 @@ def test_aux_targets_mark_the_drawn_characters(examples):
 
 def test_training_runs_resumes_and_evaluates(tmp_path):
     cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=3, stop_after=2, batch_size=2, save_every=1,
-                            tokenizer_texts=100, vocab_size=400, warmup=1, track_weight=0.5, span_weight=0.5)
+                            tokenizer_texts=100, vocab_size=400, warmup=1, track_weight=0.5)
     train_target(cfg, progress=False)
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
     assert all(r["lm_loss"] > 0 and r["aux_loss"] > 0 and r["read_loss"] > 0 and r["locate_loss"] > 0
-               and r["track_loss"] > 0 and r["span_loss"] > 0 for r in log)
+               and r["track_loss"] > 0 for r in log)
     cfg.stop_after = 0
     train_target(cfg, progress=False)  # resumes at step 2, same schedule
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
@@ -117,20 +117,6 @@ def test_reading_targets_point_at_the_cell_of_the_next_token(tiny, examples):
         cell = int(y) // (PATCH * MERGE) * (gw // MERGE) + int(x) // (PATCH * MERGE)
         image_pos = (batch["input_ids"][b] == image_id).nonzero().flatten()
         assert int(where[b, q0]) == int(image_pos[cell])
-
-
-def test_reading_spans_cover_every_cell_of_the_next_token(tiny, examples):
-    _, proc = tiny
-    batch = make_batch(proc, examples)
-    where, span = reading_targets(proc, examples, batch, spans=True)
-    assert torch.equal(where, reading_targets(proc, examples, batch))
-    image_id = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
-    b, q = (where >= 0).nonzero(as_tuple=True)
-    assert span[b, q, where[b, q]].all()  # the first character's cell is part of the span
-    assert (batch["input_ids"][span.nonzero(as_tuple=True)[0], span.nonzero(as_tuple=True)[2]] == image_id).all()
-    assert not span[where < 0].any()  # nothing to read, no span
-    wide = span.sum(-1)[where >= 0]
-    assert (wide >= 1).all() and (wide > 1).any()  # some tokens lie under several merged tokens
 
 
 def test_patch_reading_loss_rewards_reading_not_silence():

@@ -134,19 +134,16 @@ def char_locations(example, text: str) -> list:
     return locs
 
 
-def reading_targets(processor, examples, batch: dict, spans: bool = False):
+def reading_targets(processor, examples, batch: dict) -> torch.Tensor:
     """``[batch, seq]`` index of the image token that shows the *next* answer token (``-1`` where none).
 
     Position ``q`` predicts token ``q + 1``; the target is the merged vision token under that token's first
     drawn character. Used to supervise one attention head per reading layer while the testbed target trains
     (see :func:`train_target`), so the text model learns where to look long before it would by itself.
-    With ``spans`` also a ``[batch, seq, seq]`` bool tensor: every image token under any drawn character of
-    the next answer token (a word of eight letters lies under four merged tokens, not one).
     """
     tok = processor.tokenizer
     ids = batch["input_ids"]
     out = torch.full(ids.shape, -1, dtype=torch.long)
-    span = torch.zeros(ids.shape + ids.shape[1:], dtype=torch.bool) if spans else None
     grids = batch["image_grid_thw"].tolist()
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     prompts = _chat_prompts(processor, examples)
@@ -181,13 +178,7 @@ def reading_targets(processor, examples, batch: dict, spans: bool = False):
             cell = int(loc[1]) // (PATCH * MERGE) * wm + int(loc[0]) // (PATCH * MERGE)
             if 0 <= cell < len(image_pos) and a0 + t >= 1:
                 out[b, a0 + t - 1] = image_pos[cell]
-                if spans:
-                    for c in range(c0, c1):
-                        if locs[c] is not None:
-                            cc = int(locs[c][1]) // (PATCH * MERGE) * wm + int(locs[c][0]) // (PATCH * MERGE)
-                            if 0 <= cc < len(image_pos):
-                                span[b, a0 + t - 1, image_pos[cc]] = True
-    return (out, span) if spans else out
+    return out
 
 
 def _chat_prompts(processor, examples) -> list[str]:
@@ -235,10 +226,8 @@ class TargetTrainConfig:
     ``read_weight``: head 0 of ``read_layers`` (default the two middle layers) must attend to the image token
     showing the next answer token; ``track_weight``: head 1 of the layer before the first reading layer must
     attend to the image token showing the *current* token (a content match, easy to learn, whose output
-    carries that cell's row and column: the later pointer then only adds an offset); ``span_weight``: the
-    first head of the second key-value group of each reading layer must put its attention on the image
-    tokens under *all* characters of the next token (head 0 sees only its first; BPE words span several);
-    ``locate_weight``: the first text layer must know each image token's row and column. ``init``: start from another
+    carries that cell's row and column: the later pointer then only adds an offset); ``locate_weight``: the
+    first text layer must know each image token's row and column. ``init``: start from another
     checkpoint's weights and patch reader (the reader when trained with the same ``aux_loss``; fresh optimizer
     and schedule); ``stop_after``: end this run at that step while the learning-rate schedule still spans
     ``steps`` (resume later to continue it).
@@ -254,7 +243,6 @@ class TargetTrainConfig:
     aux_loss: str = "softmax"
     read_weight: float = 0.5
     read_layers: str = ""
-    span_weight: float = 0.0
     track_weight: float = 0.0
     locate_weight: float = 0.5
     init: str = ""
@@ -435,23 +423,15 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             aux_logits = reader(captured["h"])
             aux, aux_acc = patch_reading_loss(aux_logits, aux_y, cfg.aux_loss)
             loss = out.loss + cfg.aux_weight * aux
-            read = track = read_span = torch.zeros(())
+            read = track = torch.zeros(())
             if cfg.read_weight and read_layers:
-                where, span = reading_targets(processor, examples, batch, spans=True) if cfg.span_weight else (
-                    reading_targets(processor, examples, batch), None)
+                where = reading_targets(processor, examples, batch)
                 b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
                 if len(b_idx):
                     # Head 0 of each reading layer must put its attention on the image token being read.
                     read = torch.stack([-torch.log(captured[("attn", li)][b_idx, 0, q_idx, where[b_idx, q_idx]] + 1e-6)
                                         .mean() for li in read_layers]).mean()
                     loss = loss + cfg.read_weight * read
-                    if cfg.span_weight:
-                        heads = model.config.text_config.num_attention_heads
-                        sh = heads // model.config.text_config.num_key_value_heads  # first head of KV group 1
-                        sp = span[b_idx, q_idx].float()
-                        read_span = torch.stack([-torch.log((captured[("attn", li)][b_idx, sh, q_idx] * sp).sum(-1)
-                                                            + 1e-6).mean() for li in read_layers]).mean()
-                        loss = loss + cfg.span_weight * read_span
                 if cfg.track_weight:
                     # Position q shows the token predicted at q - 1: its cell is where[q - 1].
                     current = torch.full_like(where, -1)
@@ -471,12 +451,11 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             sched.step()
             rec = {"step": step + 1, "lm_loss": round(out.loss.item(), 4), "aux_loss": round(aux.item(), 4),
                    "aux_acc": round(aux_acc, 4),
-                   "read_loss": round(read.item(), 4), "span_loss": round(read_span.item(), 4),
-                   "track_loss": round(track.item(), 4),
+                   "read_loss": round(read.item(), 4), "track_loss": round(track.item(), 4),
                    "locate_loss": round(locate.item(), 4),
                    "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
             bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], acc=rec["aux_acc"], read=rec["read_loss"],
-                            span=rec["span_loss"], track=rec["track_loss"], loc=rec["locate_loss"])
+                            track=rec["track_loss"], loc=rec["locate_loss"])
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             if (step + 1) % cfg.save_every == 0 or step + 1 == end:
