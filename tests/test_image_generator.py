@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from mmspec.image_ar.generator import ImageARPipeline, _request_ids, _unconditional, generate_codes, train_generator
-from mmspec.image_ar.vq import VQVAE, train_vq
+from mmspec.image_ar.vq import train_vq
 
 PROMPT = "a small red circle in the center on a white background"
 
