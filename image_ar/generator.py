@@ -30,10 +30,12 @@ import torch
 from .vq import VQVAE, to_image, to_tensor
 
 __all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "SPECIAL_TOKENS",
-           "DEFAULT_CFG_SCALE", "bundled_generator", "export_generator"]
+           "DEFAULT_CFG_SCALE", "JANUS_CFG_SCALE", "bundled_generator", "export_generator"]
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<boi>", "<eoi>", "<unk>")
 GEN_CONFIG = "image_generation.json"
+JANUS_CFG_SCALE = 5.0
+"""Guidance for a Janus model whose generation config names none (what transformers' Janus falls back to)."""
 DEFAULT_CFG_SCALE = 1.0
 """Guidance for a llama generator whose ``image_generation.json`` names none. Token-level guidance
 ``u + s (c - u)`` hurts a generator whose prompt determines the picture: the unconditional rows still read
@@ -142,9 +144,10 @@ class ImageARPipeline:
         self.model, self.tokenizer, self.vq = model, tokenizer, vq
         self.backend = "janus" if model.config.model_type == "janus" else "llama"
         self.grid = grid
+        if cfg_scale is None and self.backend == "janus":  # its config's, else transformers' Janus default
+            cfg_scale = getattr(model.generation_config, "guidance_scale", None) or JANUS_CFG_SCALE
         if cfg_scale is None:
-            cfg_scale = (getattr(model.generation_config, "guidance_scale", None) if self.backend == "janus"
-                         else None) or DEFAULT_CFG_SCALE
+            cfg_scale = DEFAULT_CFG_SCALE
         self.cfg_scale = float(cfg_scale)  # what a call without ``cfg_scale`` uses
         self.last_timings_ms: dict = {}
 
@@ -173,6 +176,8 @@ class ImageARPipeline:
         from mmspec.checkpoints import save_hf_compact
 
         os.makedirs(path, exist_ok=True)
+        if self.backend == "janus":  # its scale travels in its generation config
+            self.model.generation_config.guidance_scale = self.cfg_scale
         if dtype is None:
             self.model.save_pretrained(path)
         else:
@@ -197,6 +202,13 @@ class ImageARPipeline:
         t0 = time.perf_counter()
         if self.backend == "janus":
             torch.manual_seed(seed)  # Janus's loop samples with the global generator
+            if not cfg_scale > 1.0:
+                from mmspec.errors import InvalidInputError
+
+                # Its image loop always runs the doubled (conditional + unconditional) batch and halves it in
+                # the guidance step, which it adds whatever it is asked.
+                raise InvalidInputError(f"transformers' Janus image mode always guides: cfg_scale must be > 1 "
+                                        f"(got {cfg_scale})")
             codes = self.model.generate(ids, attention_mask=mask, generation_mode="image", do_sample=True,
                                         guidance_scale=cfg_scale, temperature=temperature, top_k=top_k)
             t1 = time.perf_counter()

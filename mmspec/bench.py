@@ -10,7 +10,8 @@ How it measures, per (workload, batch size):
 
 * each example goes through the target pipeline's own preprocessing (:meth:`VLMPipeline.prepare`: chat
   template, images; batches are left-padded by the processor);
-* one untimed warm-up pass of every system over the first batch;
+* one untimed warm-up pass of every system over the first batch (then drafters forget what they
+  remembered across requests: a timed request is never drafted from its own earlier output);
 * then, batch by batch, every system runs back to back on the same inputs, in an order rotated per
   batch to spread drift, each timed with ``time.perf_counter`` (CUDA synchronised on GPU);
 * ``speedup_vs_ar`` = (sum of AR times) / (sum of the system's times) over the same batches
@@ -53,6 +54,9 @@ __all__ = ["BenchConfig", "BenchReport", "System", "run_bench", "default_model_p
            "check_outputs", "count_forwards", "BUILTIN_SYSTEMS", "DEFAULT_WORKLOADS", "HF_BATCH1_ONLY"]
 
 BUILTIN_SYSTEMS = ("ar", "hf-prompt-lookup", "hf-assistant")
+LOOKUP_WITH_HISTORY = "lookup;history_tokens=20000"
+"""Default bench system: prompt lookup that also searches the outputs of the requests benched before (a batch
+job's memory; forgotten after the warm-up, so a request never meets its own output)."""
 BUDGET_SUFFIX = "+budget"  # "lookup+budget": the same drafter with a DepthBudget learned over the run
 """Systems that are not mmspec drafters; every other system name is a drafter spec for the registry."""
 
@@ -194,7 +198,7 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
     from .train import trainer_kinds
 
     if not names:
-        names = (["ar", "hf-prompt-lookup", "lookup"] + list(bundled)
+        names = (["ar", "hf-prompt-lookup", "lookup", LOOKUP_WITH_HISTORY] + list(bundled)
                  + (["hf-assistant", "draft-model"] if draft_model else []))
     kinds = drafter_kinds()
     trained = set(trainer_kinds())
@@ -290,6 +294,9 @@ class System:
         """``None`` when the system can run this batch size, else the record's ``"unsupported: ..."`` status."""
         return None
 
+    def forget(self) -> None:
+        """Drop what the system remembered across requests (called after the warm-up)."""
+
     def run(self, inputs) -> tuple:
         """Generate for ``inputs``; returns ``(sequences, SpecStats or None, target forward calls)``."""
         with count_forwards(self.model) as n:
@@ -345,6 +352,9 @@ class MMSpecSystem(System):
         super().__init__(name, model, max_new_tokens)
         self.drafter = drafter
         self.budget = budget
+
+    def forget(self):
+        self.drafter.forget()
 
     def _generate(self, inputs):
         from .decode import generate
@@ -479,6 +489,7 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
     live = [t for t in tallies if t.status == "ok"]
     for t in live:
         _attempt(t, batches[0], f"warm-up on {ids[0]}", device)
+        t.system.forget()  # a drafter with cross-request memory must not meet the warm-up's outputs again
         bar.update(1)
     for i, (inputs, where) in enumerate(zip(batches, ids)):
         outputs = {}

@@ -204,7 +204,8 @@ def test_system_specs_with_options_and_bundled_defaults(tiny_vlm):
     from mmspec.registry import make_drafter
 
     assert _resolve_systems(["lookup;num_draft_tokens=3"], None) == ["ar", "lookup;num_draft_tokens=3"]
-    assert _resolve_systems(None, None, ["eagle:/x"]) == ["ar", "hf-prompt-lookup", "lookup", "eagle:/x"]
+    assert _resolve_systems(None, None, ["eagle:/x"]) == ["ar", "hf-prompt-lookup", "lookup",
+                                                          "lookup;history_tokens=20000", "eagle:/x"]
     assert System("eagle:/a/b;topk=4", None, 1).label == "eagle;topk=4"
     model = mmspec.MMSpecPipeline.from_pretrained(tiny_vlm).model
     (_, sys_) = build_systems(["ar", "lookup;num_draft_tokens=3;max_matches=2"], model, BenchConfig(), 8)
@@ -241,7 +242,7 @@ def test_default_quick_bench_on_the_bundled_target(tmp_path, capsys):
                  "--no-progress"]) == 0
     data = json.loads(out.read_text())
     systems = {r["system"]: r for r in data["results"]}
-    assert {"ar", "hf-prompt-lookup", "lookup"} <= set(systems)
+    assert {"ar", "hf-prompt-lookup", "lookup", "lookup;history_tokens=20000"} <= set(systems)
     assert data["meta"]["model"] == bundled_target()
     for r in data["results"]:
         assert r["status"] == "ok" and r["identical_to_ar"] is True, r
@@ -258,3 +259,35 @@ def test_a_bare_trained_kind_means_the_shipped_head_or_an_error():
     assert _resolve_systems(["eagle:/mine"], None, []) == ["ar", "eagle:/mine"]
     with pytest.raises(mmspec.InvalidInputError, match="no trained eagle head"):
         _resolve_systems(["lookup", "eagle+budget"], None, [])
+
+
+def test_drafters_forget_across_requests_after_the_warm_up():
+    """A timed request must never be drafted from its own output remembered in the warm-up."""
+    import torch
+
+    from mmspec.bench import MMSpecSystem, System, _bench_cell
+    from mmspec.drafters import PromptLookupDrafter
+
+    class Recorder(System):
+        kind = "ar"
+
+        def __init__(self, name):
+            super().__init__(name, None, 4)
+            self.log = []
+
+        def forget(self):
+            self.log.append("forget")
+
+        def run(self, inputs):
+            self.log.append("run")
+            return torch.zeros(1, 5, dtype=torch.long), None, 1
+
+    systems = [Recorder("ar"), Recorder("other")]
+    bar = type("Bar", (), {"update": lambda self, n: None})()
+    batch = {"input_ids": torch.zeros(1, 2, dtype=torch.long)}
+    _bench_cell([batch, batch], ["a", "b"], 1, systems, torch.device("cpu"), set(), bar)
+    assert all(s.log == ["run", "forget", "run", "run"] for s in systems)
+    memory = PromptLookupDrafter(history_tokens=100)
+    memory.remember([1, 2, 3])
+    MMSpecSystem("lookup", None, 4, memory).forget()
+    assert len(memory._history) == 0 and memory.candidates([9, 1]) == []

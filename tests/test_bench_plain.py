@@ -67,6 +67,7 @@ def test_images_records_per_batch_size_with_fid_and_prompt_accuracy(tiny_generat
         q = rec["quality"]
         assert 0 <= q["prompt_accuracy"] <= 1 and q["fid"] >= 0 and q["fid_n"] == 3
         assert set(q["field_accuracy"]) and 0 <= q["real_prompt_accuracy"] <= 1
+        assert q["cfg_scale"] == 1.0 and "batch doubled" not in rec["note"]
     json.loads(report.to_json())
 
 
@@ -103,6 +104,8 @@ def test_image_cli_evaluates_the_tokenizer_and_the_generator(tiny_generator, tmp
     g = gen["generator"]
     assert g["n"] == 3 and g["fid"] >= 0 and g["fid_real_vs_real"] >= 0 and g["fid_vq_reconstruction"] >= 0
     assert 0 <= g["prompt_accuracy"] <= 1 and 0 <= g["vq_prompt_accuracy"] <= 1
+    assert g["cfg_scale"] == 1.0  # the generator's own (it names none: no guidance)
+    assert 0 <= g["unconditional_teacher_forced_accuracy"] <= 1 and 0 <= g["teacher_forced_accuracy"] <= 1
 
 
 def test_model_option_parsing():

@@ -2,7 +2,10 @@
 Janus in native image mode, through the same ImageARPipeline."""
 
 import numpy as np
+import pytest
 import torch
+
+from mmspec.errors import InvalidInputError
 
 from mmspec.image_ar.generator import ImageARPipeline, _request_ids, _unconditional, generate_codes, train_generator
 from mmspec.image_ar.vq import train_vq
@@ -69,13 +72,21 @@ def test_janus_native_image_mode_through_the_same_pipeline(tmp_path):
     again = pipe(PROMPT, seed=1, cfg_scale=4.0, top_k=10)
     assert img.size == (8, 8) and np.array_equal(np.asarray(img), np.asarray(again))
     assert pipe.last_timings_ms["tokens"] == 16
+    # No scale in its config: transformers' Janus default; a batch comes back one image per prompt; its image
+    # mode cannot run unguided, which is said up front.
+    assert pipe.cfg_scale == 5.0
+    assert len(pipe([PROMPT, PROMPT], seed=1)) == 2 and pipe.last_timings_ms["tokens"] == 16
+    assert np.array_equal(np.asarray(pipe(PROMPT, seed=2)), np.asarray(pipe(PROMPT, seed=2, cfg_scale=5.0)))
+    with pytest.raises(InvalidInputError, match="always guides"):
+        pipe(PROMPT, cfg_scale=1.0)
+    pipe.cfg_scale = 4.0
+    pipe.save_pretrained(str(tmp_path / "saved"))
+    assert ImageARPipeline.from_pretrained(str(tmp_path / "saved")).cfg_scale == 4.0
 
 
 def test_bundled_generator_draws_what_its_prompts_ask():
     """Quality guard for the shipped generator: at its own defaults (no guidance, temperature 1) the world
     classifier reads every asked field back from most pictures (86% at n = 200)."""
-    import pytest
-
     from mmspec.image_ar.generator import bundled_generator
     from mmspec.image_ar.quality import WorldClassifier, bundled_classifier, prompt_accuracy
     from mmspec.workloads import get_workload
@@ -88,3 +99,8 @@ def test_bundled_generator_draws_what_its_prompts_ask():
     images = pipe(prompts, seed=0)
     clf = WorldClassifier.from_pretrained(bundled_classifier())
     assert prompt_accuracy(clf, images, prompts)["all"] >= 5 / 8
+    # Why guidance is off: the unconditional rows, seeing the codes so far, are nearly as sure (0.99 / 0.94).
+    from mmspec.image_ar.evaluate import teacher_forced_accuracy
+
+    sharp = teacher_forced_accuracy(pipe, get_workload("images").examples("test", 8))
+    assert sharp["teacher_forced_accuracy"] >= 0.95 and sharp["unconditional_teacher_forced_accuracy"] >= 0.8

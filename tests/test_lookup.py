@@ -48,3 +48,34 @@ def test_incremental_index_equals_a_fresh_scan():
         tree = d.propose(ctx)[0]
         fresh = PromptLookupDrafter(num_draft_tokens=5, max_ngram=3, max_matches=3).candidates(seq)
         assert tree.token_paths() == DraftTree.from_sequences(fresh, budget=d.budget).token_paths()
+
+
+def test_history_remembers_earlier_outputs_and_stays_lossless():
+    """Cross-request memory: a second batch whose prompts lead into what an earlier batch generated drafts
+    from it (fewer rounds), the output is still the target's own, and old requests are dropped first."""
+    import numpy as np
+    import torch
+
+    import _tiny_text as T
+    from mmspec.decode import generate
+
+    torch.manual_seed(0)
+    tok = T.tokenizer()
+    model = T.model(len(tok), seed=3, std=0.3)
+    enc = tok(["the chart value", "a red table row"], return_tensors="pt", padding=True)
+    ar = model.generate(**enc, max_new_tokens=24, do_sample=False, min_new_tokens=24)
+    memory = PromptLookupDrafter(num_draft_tokens=6, max_ngram=3, max_matches=1, history_tokens=1000)
+    plain = PromptLookupDrafter(num_draft_tokens=6, max_ngram=3, max_matches=1)
+    first = generate(model, enc, memory, max_new_tokens=24, min_new_tokens=24)
+    assert torch.equal(first.sequences, ar) and len(memory._history) == 2 * 25  # two outputs + separators
+    again = generate(model, enc, memory, max_new_tokens=24, min_new_tokens=24)
+    base = generate(model, enc, plain, max_new_tokens=24, min_new_tokens=24)
+    assert torch.equal(again.sequences, ar) and torch.equal(base.sequences, ar)
+    assert again.stats.rounds < base.stats.rounds
+    small = PromptLookupDrafter(history_tokens=10)
+    for k in range(5):
+        small.remember([100 + k] * 4)
+    assert len(small._history) <= 10 and small._history[-2] == 104 and 100 not in small._history
+    assert small.candidates([7, 104]) == [[104], [104, 104], [104, 104, 104]]  # cut at the end of a request
+    with np.testing.assert_raises(ValueError):
+        PromptLookupDrafter(history_tokens=-1)

@@ -93,3 +93,7 @@ class Drafter:
 
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
         """Called after each verify pass with what was accepted."""
+
+    def forget(self) -> None:
+        """Drop whatever was remembered across requests (e.g. a lookup drafter's history of earlier outputs).
+        ``mmspec bench`` calls it after its warm-up, so no timed request is drafted from its own output."""

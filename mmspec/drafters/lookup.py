@@ -8,6 +8,12 @@ sequence is extended with the period of the match, so repeated text gets full-de
 continuations are merged into one prefix tree (``max_matches=1`` gives the classic PLD chain), so when
 the same n-gram was followed by different text the target can still accept the right branch.
 
+With ``history_tokens > 0`` the drafter also remembers what the target generated for earlier requests (the
+last ``history_tokens`` tokens, request by request) and looks the tail up there too, after the row's own
+matches of the same length: SuffixDecoding's cross-request memory, for batch jobs whose outputs share
+phrases (form fields, boilerplate, table headers). Only committed target output is remembered, so the
+drafts change and the output does not.
+
 Example:
     >>> d = PromptLookupDrafter(num_draft_tokens=3, max_matches=2)
     >>> d.candidates([1, 2, 3, 9, 1, 2, 4, 5, 1, 2])
@@ -32,19 +38,47 @@ class PromptLookupDrafter(Drafter):
         max_ngram, min_ngram: n-gram sizes tried, longest first.
         max_matches: distinct continuations merged into the tree (1 = chain).
         budget: maximum tree nodes (default ``num_draft_tokens * max_matches``).
+        history_tokens: how many tokens of earlier requests' outputs to remember and search (0: none).
+
+    Example:
+        >>> d = PromptLookupDrafter(num_draft_tokens=2, max_matches=1, history_tokens=100)
+        >>> d.remember([5, 6, 7, 8])                 # an earlier request's output
+        >>> d.candidates([1, 2, 6])                  # nothing in the row itself follows 6
+        [[7, 8]]
     """
 
     kind = "lookup"
 
     def __init__(self, num_draft_tokens: int = 8, max_ngram: int = 4, min_ngram: int = 1, max_matches: int = 4,
-                 budget: int | None = None):
-        if num_draft_tokens < 1 or min_ngram < 1 or max_ngram < min_ngram or max_matches < 1:
-            raise ValueError("need num_draft_tokens >= 1, 1 <= min_ngram <= max_ngram, max_matches >= 1")
+                 budget: int | None = None, history_tokens: int = 0):
+        if num_draft_tokens < 1 or min_ngram < 1 or max_ngram < min_ngram or max_matches < 1 or history_tokens < 0:
+            raise ValueError("need num_draft_tokens >= 1, 1 <= min_ngram <= max_ngram, max_matches >= 1, "
+                             "history_tokens >= 0")
         self.num_draft_tokens = num_draft_tokens
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_matches = max_matches
         self.budget = budget or num_draft_tokens * max_matches
+        self.history_tokens = int(history_tokens)
+        self.forget()  # the history: earlier outputs, each followed by a -1 separator, and its n-gram index
+
+    def forget(self) -> None:
+        self._history = np.empty(0, dtype=np.int64)
+        self._history_index = _NgramIndex(self.min_ngram, self.max_ngram)
+
+    def remember(self, tokens) -> None:
+        """Add one finished request's generated tokens to the cross-request memory (oldest dropped first)."""
+        if not self.history_tokens or len(tokens) == 0:
+            return
+        self._history = np.concatenate([self._history, np.asarray(tokens, dtype=np.int64), [-1]])
+        if len(self._history) > self.history_tokens:
+            # Drop whole requests from the front, down to three quarters of the budget, and re-index once.
+            cut = len(self._history) - (3 * self.history_tokens) // 4
+            seps = np.flatnonzero(self._history[:cut] == -1)
+            drop = int(seps[-1]) + 1 if len(seps) else cut
+            self._history = self._history[drop:]
+            self._history_index = _NgramIndex(self.min_ngram, self.max_ngram)
+        self._history_index.extend(self._history)
 
     def candidates(self, sequence, index: "_NgramIndex | None" = None) -> list[list[int]]:
         """Distinct continuations of the sequence's tail, best (longest n-gram, most recent) first.
@@ -59,13 +93,17 @@ class PromptLookupDrafter(Drafter):
         length = len(seq)
         found: list[list[int]] = []
         seen: set[tuple] = set()
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            starts = index.starts(seq[length - n:])
-            for s in reversed(starts):  # most recent first
-                if s + n >= length:  # the tail itself
-                    continue
-                key = self._continuation(seq, s + n)
-                if key in seen:
+        hist = self._history
+        for n in range(min(self.max_ngram, length - 1 if not len(hist) else length), self.min_ngram - 1, -1):
+            tail = seq[length - n:]
+            keys = [self._continuation(seq, s + n) for s in reversed(index.starts(tail))  # most recent first
+                    if s + n < length]  # (not the tail itself)
+            for s in reversed(self._history_index.starts(tail) if len(hist) else []):
+                cont = hist[s + n: s + n + self.num_draft_tokens]
+                stop = np.flatnonzero(cont == -1)  # an earlier request's output ends there
+                keys.append(tuple(cont[: stop[0] if len(stop) else len(cont)].tolist()))
+            for key in keys:
+                if not key or key in seen:
                     continue
                 seen.add(key)
                 found.append(list(key))
@@ -95,6 +133,16 @@ class PromptLookupDrafter(Drafter):
         indexes = getattr(self, "_indexes", {})
         return [DraftTree.from_sequences(self.candidates(seq, indexes.get(r)), budget=self.budget)
                 for r, seq in zip(ctx.rows, ctx.sequences)]
+
+    def observe(self, ctx: DraftContext, result) -> None:
+        if not self.history_tokens:
+            return
+        for i, done in enumerate(result.finished):
+            if done:  # what the row generated: its committed tokens plus this round's
+                tree, path = result.trees[i], result.paths[i]
+                out = np.concatenate([np.asarray(ctx.sequences[i][ctx.prompt_lengths[i]:], dtype=np.int64),
+                                      [int(tree.tokens[j]) for j in path] + [int(result.next_tokens[i])]])
+                self.remember(out)
 
 
 class _NgramIndex:

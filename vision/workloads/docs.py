@@ -250,7 +250,8 @@ def _layout_formula(block, st: _Style, width: int) -> _Laid:
 
 
 class DocsWorkload(SeededWorkload):
-    """Rendered document pages (``kind="page"``) or single-block crops (``kind="block"``) to transcribe.
+    """Rendered document pages (``kind="page"``), single-block crops (``kind="block"``) or single-line crops
+    (``kind="line"``) to transcribe.
 
     Args:
         width, height: page size in pixels (multiples of 28 suit Qwen2-VL's 14-px patches merged 2x2).
@@ -261,6 +262,8 @@ class DocsWorkload(SeededWorkload):
         mode: ``"page"``, ``"block"``, ``"mix"`` (a block crop with probability ``block_fraction``, a line
             crop with probability ``line_fraction``, else a page) or ``"line"`` (a crop of one line of body
             text: the first rung of a reading curriculum, ``kind="line"``).
+        block_fraction, line_fraction: the shares of block and line crops in ``"mix"`` (their sum at most
+            1; ``line_fraction=0``, the default, leaves every item of the default world as it was).
         font_sizes: ``(min, max)`` body text size in pixels; headings are 2-6 px larger. The default 22-26 px
             is 10-12 pt type scanned at 150-200 dpi, and puts about two characters in each 28-px merged
             Qwen2-VL token; at 11-14 px (the first default) a token spans about four characters and two lines,
@@ -285,6 +288,9 @@ class DocsWorkload(SeededWorkload):
         >>> ex = w.example("test", 1)
         >>> ex.meta["kind"], ex.meta["blocks"][0]["type"], "|---|" in ex.target
         ('block', 'table', True)
+        >>> line = DocsWorkload(mode="line").example("test", 0)
+        >>> line.meta["kind"], "\\n" in line.target, line.images[0].height <= 112
+        ('line', False, True)
     """
 
     name = "docs"
@@ -301,7 +307,8 @@ class DocsWorkload(SeededWorkload):
         return [f"eagle:{path}"] if path and self.bundled_model() else []
 
     def __init__(self, width: int = 336, height: int = 448, *, min_blocks: int = 2, max_blocks: int = 3,
-                 mode: str = "mix", block_fraction: float = 0.3, line_fraction: float = 0.0, font_sizes: tuple[int, int] = (22, 26),
+                 mode: str = "mix", block_fraction: float = 0.3, line_fraction: float = 0.0,
+                 font_sizes: tuple[int, int] = (22, 26),
                  fonts="auto", augment: bool = True, max_rotation: float = 1.0,
                  block_types=BLOCK_TYPES, crop_multiple: int = 28, char_boxes: bool = False,
                  scrambled_fraction: float = 0.0, seed: int = 0):
@@ -318,7 +325,7 @@ class DocsWorkload(SeededWorkload):
             raise InvalidInputError(f"block_types must be a non-empty subset of {BLOCK_TYPES}, got {block_types}")
         self.width, self.height = int(width), int(height)
         self.min_blocks, self.max_blocks = min_blocks, max_blocks
-        if not (0 <= line_fraction and 0 <= block_fraction and line_fraction + block_fraction <= 1):
+        if mode == "mix" and not (0 <= line_fraction and 0 <= block_fraction and line_fraction + block_fraction <= 1):
             raise InvalidInputError(f"need 0 <= line_fraction, block_fraction and their sum <= 1, got "
                                     f"{line_fraction}, {block_fraction}")
         self.mode, self.block_fraction, self.line_fraction = mode, float(block_fraction), float(line_fraction)
