@@ -47,6 +47,7 @@ import torch
 
 from .budget import DepthBudget
 from .errors import InvalidInputError
+from .registry import UNION_SEP
 from .stats import SpecStats
 
 __all__ = ["BenchConfig", "BenchReport", "System", "run_bench", "default_model_path", "parse_csv", "plain_record",
@@ -205,24 +206,28 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
     shipped = {spec.partition(":")[0]: spec for spec in bundled}
     out = ["ar"]
     for name in names:
-        head = name.split(";")[0].removesuffix(BUDGET_SUFFIX)
-        if head in trained:
-            # A trained kind named without a path would be built untrained and measure nothing: it means the
-            # head that ships for the default target, or it is an error.
-            if head not in shipped:
-                raise InvalidInputError(f"system {name!r} names no trained {head} head; use '{head}:DIR' "
-                                        "(a checkpoint from `mmspec train`)")
-            name = shipped[head] + name[len(head):]
+        suffix = BUDGET_SUFFIX if name.endswith(BUDGET_SUFFIX) else ""
+        parts = [p.strip() for p in name.removesuffix(suffix).split(UNION_SEP)]
+        for i, part in enumerate(parts):
+            head = part.split(";")[0]
+            if head in trained:
+                # A trained kind named without a path would be built untrained and measure nothing: it means
+                # the head that ships for the default target, or it is an error.
+                if head not in shipped:
+                    raise InvalidInputError(f"system {name!r} names no trained {head} head; use '{head}:DIR' "
+                                            "(a checkpoint from `mmspec train`)")
+                parts[i] = shipped[head] + part[len(head):]
+        name = f" {UNION_SEP} ".join(parts) + suffix
         if name in out:
             continue
         base = name.removesuffix(BUDGET_SUFFIX)
         if base != name and base in BUILTIN_SYSTEMS:
             raise InvalidInputError(f"{BUDGET_SUFFIX!r} applies to mmspec drafters, not to {base!r}")
-        if base not in BUILTIN_SYSTEMS and base.split(";")[0].partition(":")[0] not in kinds:
+        if base not in BUILTIN_SYSTEMS and any(p.split(";")[0].partition(":")[0] not in kinds for p in parts):
             raise InvalidInputError(
                 f"unknown system {name!r}; systems: {', '.join(BUILTIN_SYSTEMS)}, or an mmspec drafter "
-                f"({', '.join(kinds)}, optionally 'kind:PATH', ';key=value' options, and '{BUDGET_SUFFIX}' for a "
-                "cost-aware depth budget)"
+                f"({', '.join(kinds)}, optionally 'kind:PATH', ';key=value' options, 'A {UNION_SEP} B' for the "
+                f"union of two drafters' trees, and '{BUDGET_SUFFIX}' for a cost-aware depth budget)"
             )
         if base in ("hf-assistant", "draft-model") and not draft_model:
             raise InvalidInputError(
@@ -285,10 +290,15 @@ class System:
             'eagle;topk=4+budget'
             >>> System("eagle:/tmp/head+budget", None, 1).label
             'eagle+budget'
+            >>> System("eagle:/tmp/head & lookup;history_tokens=9", None, 1).label
+            'eagle & lookup;history_tokens=9'
         """
         base = self.name.removesuffix(BUDGET_SUFFIX)
-        head, *opts = base.split(";")
-        return ";".join([head.partition(":")[0]] + opts) + self.name[len(base):]
+        parts = []
+        for part in base.split(UNION_SEP):
+            head, *opts = part.strip().split(";")
+            parts.append(";".join([head.partition(":")[0]] + opts))
+        return f" {UNION_SEP} ".join(parts) + self.name[len(base):]
 
     def unsupported(self, batch_size: int) -> str | None:
         """``None`` when the system can run this batch size, else the record's ``"unsupported: ..."`` status."""

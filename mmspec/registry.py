@@ -191,6 +191,10 @@ def drafter_kinds() -> list[str]:
     return sorted(_DRAFTERS)
 
 
+UNION_SEP = "&"
+"""Joins drafter specs into one union drafter: ``"eagle:DIR & lookup;history_tokens=20000"``."""
+
+
 def make_drafter(spec, target_model, **kw):
     """Turn a drafter spec into a drafter bound to ``target_model``.
 
@@ -202,7 +206,9 @@ def make_drafter(spec, target_model, **kw):
             :class:`~mmspec.drafters.Drafter` instance (returned as is, after the target check);
             a kind name (``"lookup"``); ``"kind:ARG"`` (``"draft-model:/path/to/small-model"``), either
             followed by ``;key=value`` options (``"eagle:DIR;topk=4;tree_nodes=12"``, values read as JSON
-            when they parse, else as strings); or a dict ``{"kind": ..., **options}``.
+            when they parse, else as strings); several of those joined by ``" & "`` (one
+            :class:`~mmspec.drafters.union.UnionDrafter` proposing the union of their trees); or a dict
+            ``{"kind": ..., **options}``.
         target_model: the loaded target (``None`` skips the target check and target-dependent loading).
         **kw: extra options for the factory (they override the dict's).
 
@@ -217,6 +223,8 @@ def make_drafter(spec, target_model, **kw):
         1
         >>> make_drafter("lookup;num_draft_tokens=7", None).num_draft_tokens
         7
+        >>> make_drafter("lookup & lookup;history_tokens=100", None).members
+        'lookup & lookup'
     """
     from .drafters.base import Drafter
 
@@ -227,6 +235,8 @@ def make_drafter(spec, target_model, **kw):
     else:
         if isinstance(spec, os.PathLike):
             spec = os.fspath(spec)
+        if isinstance(spec, str) and UNION_SEP in spec:
+            spec = {"kind": "union", "drafters": [part.strip() for part in spec.split(UNION_SEP)]}
         if isinstance(spec, str):
             head, *pairs = spec.split(";")
             kind, sep, arg = head.partition(":")
@@ -325,5 +335,19 @@ def _draft_model_factory(target_model, path=None, model=None, num_draft_tokens: 
     return DraftModelDrafter(model, num_draft_tokens=num_draft_tokens, temperature=temperature)
 
 
+def _union_factory(target_model, path=None, drafters=(), budget=None, **options):
+    from .drafters.union import UnionDrafter
+
+    if path or options:
+        raise InvalidInputError(f"a union takes 'drafters' and 'budget' only (got path={path!r}, {sorted(options)})")
+    if isinstance(drafters, (str, dict)) or len(drafters) < 2:
+        raise InvalidInputError(f"a union needs a list of at least two drafter specs (got {drafters!r})")
+    try:
+        return UnionDrafter([make_drafter(d, target_model) for d in drafters], budget=budget)
+    except ValueError as e:
+        raise InvalidInputError(f"bad union options: {e}") from e
+
+
 register_drafter("lookup", _lookup_factory)
 register_drafter("draft-model", _draft_model_factory)
+register_drafter("union", _union_factory)

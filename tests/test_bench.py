@@ -291,3 +291,18 @@ def test_drafters_forget_across_requests_after_the_warm_up():
     memory.remember([1, 2, 3])
     MMSpecSystem("lookup", None, 4, memory).forget()
     assert len(memory._history) == 0 and memory.candidates([9, 1]) == []
+
+
+def test_union_systems_resolve_label_and_build(tiny_vlm):
+    from mmspec.bench import _resolve_systems, build_systems
+    from mmspec.drafters import UnionDrafter
+
+    names = _resolve_systems(["eagle & lookup;history_tokens=9+budget"], None, ["eagle:/x"])
+    assert names == ["ar", "eagle:/x & lookup;history_tokens=9+budget"]
+    with pytest.raises(mmspec.InvalidInputError, match="unknown system"):
+        _resolve_systems(["lookup & nonsense"], None)
+    with pytest.raises(mmspec.InvalidInputError, match="no trained eagle"):
+        _resolve_systems(["lookup & eagle"], None)
+    model = mmspec.MMSpecPipeline.from_pretrained(tiny_vlm).model
+    (_, union) = build_systems(["ar", "lookup;max_matches=1 & lookup;history_tokens=9"], model, BenchConfig(), 8)
+    assert isinstance(union.drafter, UnionDrafter) and union.label == "lookup;max_matches=1 & lookup;history_tokens=9"

@@ -263,3 +263,32 @@ def test_unroll_from_the_answer_start_equals_the_full_unroll():
         full, acc_full = eagle_unroll_loss(head, {**batch, "start": 0}, unroll=4)
         part, acc_part = eagle_unroll_loss(head, {**batch, "start": P}, unroll=4)
     assert torch.allclose(full, part, atol=1e-5) and torch.allclose(acc_full, acc_part)
+
+
+def test_union_with_lookup_and_an_oracle_keeps_the_head_in_step(perm):
+    """In a union the accepted path often runs through another member's nodes: the head must still take
+    the states of the nodes that were accepted (it raises if it loses track), output stays exact, and the
+    union accepts at least what the head alone does."""
+    from mmspec.drafters import NoisyOracleDrafter, PromptLookupDrafter, UnionDrafter
+
+    target, _, trained, held = perm
+    three = _left_pad(_prompts(3, seed=12, lo=4, hi=12))
+    eos = _eos_mid(target, three)
+    ref = target.generate(**three, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
+    plen = three["input_ids"].shape[1]
+    oracle = NoisyOracleDrafter(ref[:, plen:], depth=6, corrupt_p=0.2, vocab_size=target.config.vocab_size)
+    union = UnionDrafter([trained, oracle, PromptLookupDrafter(history_tokens=500)])
+    assert union.hidden_layers == trained.hidden_layers and union.members == "eagle & noisy-oracle & lookup"
+    out = mmspec.generate(target, three, drafter=union, max_new_tokens=NEW, eos_token_id=eos)
+    assert torch.equal(out.sequences, ref) and out.stats.lossless
+    alone = mmspec.generate(target, three, drafter=trained, max_new_tokens=NEW, eos_token_id=eos)
+    assert out.stats.tau >= alone.stats.tau
+    model = T.build("qwen2_vl")
+    from mmspec.registry import make_drafter
+
+    vl = make_drafter("eagle;num_draft_tokens=3 & lookup;history_tokens=50", model)  # an untrained head
+    assert isinstance(vl.drafters[0], EagleDrafter) and vl.drafters[1].history_tokens == 50
+    inputs = T.make_inputs("qwen2_vl", [{"pre": 3, "images": [(56, 56)], "post": 5},
+                                        {"pre": 2, "images": [(28, 56), (56, 28)], "post": 3}])
+    ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    assert torch.equal(mmspec.generate(model, inputs, drafter=vl, max_new_tokens=NEW).sequences, ref)

@@ -31,7 +31,7 @@ import torch
 
 import mmspec
 from mmspec.acceptance import AcceptResult, SpeculativeSamplingRule
-from mmspec.drafters import Drafter, NoisyOracleDrafter
+from mmspec.drafters import Drafter, NoisyOracleDrafter, UnionDrafter
 from mmspec.tree import DraftTree
 
 from _chisq import chisq_pvalue
@@ -215,6 +215,11 @@ CONFIGS = {
     "stoch-chain-T1.3": (table(CHAIN3, True), 4, dict(temperature=1.3), 3, 2048),
     "stoch-iid-tree-T1": (table(IID_TREE, True, mix=0.3), 4, {}, 3, 2048),
     "det-tree-padded-batch-T0.9": (table(TREE, False), 4, dict(temperature=0.9, padded=True), 4, 2048),
+    # A union drops its members' q: a sampled chain merged with a deterministic tree is verified as a
+    # deterministic proposal.
+    "union-stoch-chain-det-tree-T1": (lambda cond, model: UnionDrafter([table(CHAIN3, True)(cond, model),
+                                                                        table(TREE, False)(cond, model)]),
+                                      4, {}, 3, 2048),
 }
 # A repetition penalty holds per-row state (the prompt's padding lengths), so mmspec scores each node in a
 # full-batch processor call: cost grows with batch**2, hence the small batches.

@@ -12,6 +12,7 @@ from .eagle import EagleDrafter, train_eagle
 from .lookup import PromptLookupDrafter
 from .oracle import NoisyOracleDrafter
 from .saving import TrainableDrafter, target_fingerprint
+from .union import UnionDrafter
 
 from ..registry import register_drafter as _register_drafter  # noqa: E402
 from .eagle import _eagle_factory  # noqa: E402
@@ -19,4 +20,4 @@ from .eagle import _eagle_factory  # noqa: E402
 _register_drafter("eagle", _eagle_factory)
 
 __all__ = ["Drafter", "DraftContext", "RoundResult", "PromptLookupDrafter", "DraftModelDrafter", "NoisyOracleDrafter",
-           "TrainableDrafter", "target_fingerprint", "EagleDrafter", "train_eagle"]
+           "TrainableDrafter", "target_fingerprint", "EagleDrafter", "train_eagle", "UnionDrafter"]
