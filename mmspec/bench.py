@@ -200,6 +200,7 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
 
     if not names:
         names = (["ar", "hf-prompt-lookup", "lookup", LOOKUP_WITH_HISTORY] + list(bundled)
+                 + [f"{b} {UNION_SEP} {LOOKUP_WITH_HISTORY}" for b in bundled]
                  + (["hf-assistant", "draft-model"] if draft_model else []))
     kinds = drafter_kinds()
     trained = set(trainer_kinds())

@@ -205,7 +205,8 @@ def test_system_specs_with_options_and_bundled_defaults(tiny_vlm):
 
     assert _resolve_systems(["lookup;num_draft_tokens=3"], None) == ["ar", "lookup;num_draft_tokens=3"]
     assert _resolve_systems(None, None, ["eagle:/x"]) == ["ar", "hf-prompt-lookup", "lookup",
-                                                          "lookup;history_tokens=20000", "eagle:/x"]
+                                                          "lookup;history_tokens=20000", "eagle:/x",
+                                                          "eagle:/x & lookup;history_tokens=20000"]
     assert System("eagle:/a/b;topk=4", None, 1).label == "eagle;topk=4"
     model = mmspec.MMSpecPipeline.from_pretrained(tiny_vlm).model
     (_, sys_) = build_systems(["ar", "lookup;num_draft_tokens=3;max_matches=2"], model, BenchConfig(), 8)
