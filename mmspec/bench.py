@@ -200,7 +200,7 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
 
     if not names:
         names = (["ar", "hf-prompt-lookup", "lookup", LOOKUP_WITH_HISTORY] + list(bundled)
-                 + [f"{b} {UNION_SEP} {LOOKUP_WITH_HISTORY}" for b in bundled]
+                 + [f"{b}{UNION_SEP}{LOOKUP_WITH_HISTORY}" for b in bundled]
                  + (["hf-assistant", "draft-model"] if draft_model else []))
     kinds = drafter_kinds()
     trained = set(trainer_kinds())
@@ -218,7 +218,7 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
                     raise InvalidInputError(f"system {name!r} names no trained {head} head; use '{head}:DIR' "
                                             "(a checkpoint from `mmspec train`)")
                 parts[i] = shipped[head] + part[len(head):]
-        name = f" {UNION_SEP} ".join(parts) + suffix
+        name = UNION_SEP.join(parts) + suffix
         if name in out:
             continue
         base = name.removesuffix(BUDGET_SUFFIX)
@@ -227,7 +227,7 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
         if base not in BUILTIN_SYSTEMS and any(p.split(";")[0].partition(":")[0] not in kinds for p in parts):
             raise InvalidInputError(
                 f"unknown system {name!r}; systems: {', '.join(BUILTIN_SYSTEMS)}, or an mmspec drafter "
-                f"({', '.join(kinds)}, optionally 'kind:PATH', ';key=value' options, 'A {UNION_SEP} B' for the "
+                f"({', '.join(kinds)}, optionally 'kind:PATH', ';key=value' options, 'A{UNION_SEP}B' for the "
                 f"union of two drafters' trees, and '{BUDGET_SUFFIX}' for a cost-aware depth budget)"
             )
         if base in ("hf-assistant", "draft-model") and not draft_model:
@@ -299,7 +299,7 @@ class System:
         for part in base.split(UNION_SEP):
             head, *opts = part.strip().split(";")
             parts.append(";".join([head.partition(":")[0]] + opts))
-        return f" {UNION_SEP} ".join(parts) + self.name[len(base):]
+        return UNION_SEP.join(parts) + self.name[len(base):]
 
     def unsupported(self, batch_size: int) -> str | None:
         """``None`` when the system can run this batch size, else the record's ``"unsupported: ..."`` status."""
@@ -413,10 +413,10 @@ def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int
             base = name.removesuffix(BUDGET_SUFFIX)
             if base == "draft-model":
                 drafter = small
-            elif base == "lookup":
-                drafter = make_drafter({"kind": "lookup", "num_draft_tokens": cfg.lookup_tokens}, model)
-            else:
-                drafter = make_drafter(base, model)
+            else:  # every lookup, alone or in a union, drafts as deep as transformers' prompt lookup
+                drafter = make_drafter(UNION_SEP.join(
+                    p + (f";num_draft_tokens={cfg.lookup_tokens}" if p.split(";")[0] == "lookup"
+                         and "num_draft_tokens=" not in p else "") for p in base.split(UNION_SEP)), model)
             budget = DepthBudget() if base != name else None
             systems.append(MMSpecSystem(name, model, max_new_tokens, drafter, budget))
     return systems

@@ -352,13 +352,14 @@ def generate(
         row_scores = tree_processor(active, generated, trees, out.logits)
         results = acceptance.accept_batch(trees, row_scores, generator)
         out_of_time = max_time is not None and time.perf_counter() - t_start > max_time
-        paths, nexts, finished = [], [], []
+        paths, nexts, finished, committed = [], [], [], []
         for r, tree, res, cut in zip(active, trees, results, pruned):
             kept, done = push(r, [int(tree.tokens[j]) for j in res.path] + [res.next_token])
             _record(stats, tree, res.path, kept, cut)
             if budget is not None:
                 budget.observe_row(tree, len(res.path))
             emit(r, kept)
+            committed.append(kept)
             paths.append(res.path)
             nexts.append(res.next_token)
             finished.append(done or out_of_time)
@@ -367,7 +368,7 @@ def generate(
         adapter.commit(state, paths, torch.tensor(nexts, dtype=torch.long),
                        keep_rows=keep if len(keep) < len(active) else None)
         t4 = time.perf_counter()
-        result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished)
+        result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished, committed=committed)
         prev_ctx = ctx
         active = [active[i] for i in keep]
         hs = out.hidden_states

@@ -191,8 +191,9 @@ def drafter_kinds() -> list[str]:
     return sorted(_DRAFTERS)
 
 
-UNION_SEP = "&"
-"""Joins drafter specs into one union drafter: ``"eagle:DIR & lookup;history_tokens=20000"``."""
+UNION_SEP = " & "
+"""Joins drafter specs into one union drafter: ``"eagle:DIR & lookup;history_tokens=20000"`` (with the spaces,
+so a path may hold an ``&``)."""
 
 
 def make_drafter(spec, target_model, **kw):
@@ -236,7 +237,9 @@ def make_drafter(spec, target_model, **kw):
         if isinstance(spec, os.PathLike):
             spec = os.fspath(spec)
         if isinstance(spec, str) and UNION_SEP in spec:
-            spec = {"kind": "union", "drafters": [part.strip() for part in spec.split(UNION_SEP)]}
+            # Factory options (tokenizer=, ...) go to every member.
+            return make_drafter({"kind": "union", "drafters": [make_drafter(part.strip(), target_model, **kw)
+                                                                for part in spec.split(UNION_SEP)]}, target_model)
         if isinstance(spec, str):
             head, *pairs = spec.split(";")
             kind, sep, arg = head.partition(":")

@@ -305,5 +305,7 @@ def test_union_systems_resolve_label_and_build(tiny_vlm):
     with pytest.raises(mmspec.InvalidInputError, match="no trained eagle"):
         _resolve_systems(["lookup & eagle"], None)
     model = mmspec.MMSpecPipeline.from_pretrained(tiny_vlm).model
-    (_, union) = build_systems(["ar", "lookup;max_matches=1 & lookup;history_tokens=9"], model, BenchConfig(), 8)
+    (_, union) = build_systems(["ar", "lookup;max_matches=1 & lookup;history_tokens=9"], model,
+                               BenchConfig(lookup_tokens=5), 8)
     assert isinstance(union.drafter, UnionDrafter) and union.label == "lookup;max_matches=1 & lookup;history_tokens=9"
+    assert [d.num_draft_tokens for d in union.drafter.drafters] == [5, 5]  # as deep as HF prompt lookup

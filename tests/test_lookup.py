@@ -77,5 +77,33 @@ def test_history_remembers_earlier_outputs_and_stays_lossless():
         small.remember([100 + k] * 4)
     assert len(small._history) <= 10 and small._history[-2] == 104 and 100 not in small._history
     assert small.candidates([7, 104]) == [[104], [104, 104], [104, 104, 104]]  # cut at the end of a request
+    small.remember(list(range(200, 230)))  # one request longer than the whole memory: its tail is kept
+    assert len(small._history) == 10 and small._history[-2] == 229
     with np.testing.assert_raises(ValueError):
         PromptLookupDrafter(history_tokens=-1)
+
+
+def test_draft_model_in_a_union_follows_paths_through_other_members():
+    """The accepted path may run through another member's branch or past the draft model's depth: a draft model
+    that is the target itself must still propose exactly the target's next token every round."""
+    import torch
+
+    import _tiny_text as T
+    from mmspec.decode import generate
+    from mmspec.drafters import DraftModelDrafter, NoisyOracleDrafter, UnionDrafter
+
+    tok = T.tokenizer()
+    model = T.model(len(tok), seed=3, std=0.3)
+    enc = tok(["the chart value", "a red table row"], return_tensors="pt", padding=True)
+    ref = model.generate(**enc, max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    plen = enc["input_ids"].shape[1]
+    oracle = NoisyOracleDrafter(ref[:, plen:], depth=6, corrupt_p=0.1, vocab_size=len(tok), seed=1)
+    twin = DraftModelDrafter(model, num_draft_tokens=3)
+    firsts = []
+    orig = twin.propose
+    twin.propose = lambda ctx: [firsts.append((r, len(s), int(t.tokens[0]))) or t
+                                for r, s, t in zip(ctx.rows, ctx.sequences, orig(ctx))]
+    out = generate(model, enc, UnionDrafter([oracle, twin]), max_new_tokens=20, min_new_tokens=20)
+    assert torch.equal(out.sequences, ref)
+    pad = (enc["attention_mask"] == 0).sum(1)  # sequences hold the unpadded prompt
+    assert firsts and all(int(ref[r, n + pad[r]]) == t for r, n, t in firsts if n + pad[r] < ref.shape[1])

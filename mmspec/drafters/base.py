@@ -62,12 +62,15 @@ class RoundResult:
         paths: accepted node indices per row.
         next_tokens: the bonus/corrected token per row (the new pending token).
         finished: per row, whether it stopped this round (eos, max tokens, stop string).
+        committed: per row, the tokens it actually kept this round (the path's tokens and the next token,
+            cut after a stop), or ``None`` where the caller did not say.
     """
 
     trees: list
     paths: list
     next_tokens: list
     finished: list
+    committed: list | None = None
 
 
 class Drafter:

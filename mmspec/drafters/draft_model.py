@@ -141,9 +141,12 @@ class DraftModelDrafter(Drafter):
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
         k = self.depth
         drop = []
-        for r, toks, path, nxt in zip(ctx.rows, self._drafted, result.paths, result.next_tokens):
-            a = len(path)
-            # The cache holds drafts 1..k-1; keep the accepted ones, the k-th (never fed) stays uncached.
-            drop.append((k - 1) - min(a, k - 1))
-            self.uncached[r] = ([toks[k - 1]] if a == k else []) + [nxt]
+        for i, (r, toks, path, nxt) in enumerate(zip(ctx.rows, self._drafted, result.paths, result.next_tokens)):
+            # What the target kept from the scored tree: in a union it need not be a prefix of this chain.
+            kept = [int(result.trees[i].tokens[j]) for j in path]
+            a = next((j for j, (x, y) in enumerate(zip(kept, toks)) if x != y), min(len(kept), len(toks)))
+            # The cache holds drafts 1..k-1; keep those that were kept, feed the rest of the kept tokens later.
+            cached = min(a, k - 1)
+            drop.append((k - 1) - cached)
+            self.uncached[r] = kept[cached:] + [int(nxt)]
         self.adapter.truncate(self.state, drop)

@@ -75,7 +75,7 @@ class PromptLookupDrafter(Drafter):
             # Drop whole requests from the front, down to three quarters of the budget, and re-index once.
             cut = len(self._history) - (3 * self.history_tokens) // 4
             seps = np.flatnonzero(self._history[:cut] == -1)
-            drop = int(seps[-1]) + 1 if len(seps) else cut
+            drop = max(int(seps[-1]) + 1 if len(seps) else cut, len(self._history) - self.history_tokens)
             self._history = self._history[drop:]
             self._history_index = _NgramIndex(self.min_ngram, self.max_ngram)
         self._history_index.extend(self._history)
@@ -93,16 +93,9 @@ class PromptLookupDrafter(Drafter):
         length = len(seq)
         found: list[list[int]] = []
         seen: set[tuple] = set()
-        hist = self._history
-        for n in range(min(self.max_ngram, length - 1 if not len(hist) else length), self.min_ngram - 1, -1):
-            tail = seq[length - n:]
-            keys = [self._continuation(seq, s + n) for s in reversed(index.starts(tail))  # most recent first
-                    if s + n < length]  # (not the tail itself)
-            for s in reversed(self._history_index.starts(tail) if len(hist) else []):
-                cont = hist[s + n: s + n + self.num_draft_tokens]
-                stop = np.flatnonzero(cont == -1)  # an earlier request's output ends there
-                keys.append(tuple(cont[: stop[0] if len(stop) else len(cont)].tolist()))
-            for key in keys:
+        longest = min(self.max_ngram, length if len(self._history) else length - 1)  # a row needs a token after it
+        for n in range(longest, self.min_ngram - 1, -1):
+            for key in self._matches(seq, index, n):
                 if not key or key in seen:
                     continue
                 seen.add(key)
@@ -110,6 +103,18 @@ class PromptLookupDrafter(Drafter):
                 if len(found) >= self.max_matches:
                     return found
         return found
+
+    def _matches(self, seq: np.ndarray, index: "_NgramIndex", n: int):
+        """Continuations of the tail ``n``-gram, lazily: the row's own (most recent first), then the history's."""
+        length, tail = len(seq), seq[len(seq) - n:]
+        for s in reversed(index.starts(tail)):
+            if s + n < length:  # (not the tail itself)
+                yield self._continuation(seq, s + n)
+        hist = self._history
+        for s in reversed(self._history_index.starts(tail) if len(hist) else []):
+            cont = hist[s + n: s + n + self.num_draft_tokens]
+            stop = np.flatnonzero(cont == -1)  # an earlier request's output ends there
+            yield tuple(cont[: stop[0] if len(stop) else len(cont)].tolist())
 
     def _continuation(self, seq: np.ndarray, start: int) -> tuple:
         """The tokens after ``seq[start - 1]``, extended periodically past the end of the sequence.
@@ -138,11 +143,13 @@ class PromptLookupDrafter(Drafter):
         if not self.history_tokens:
             return
         for i, done in enumerate(result.finished):
-            if done:  # what the row generated: its committed tokens plus this round's
-                tree, path = result.trees[i], result.paths[i]
-                out = np.concatenate([np.asarray(ctx.sequences[i][ctx.prompt_lengths[i]:], dtype=np.int64),
-                                      [int(tree.tokens[j]) for j in path] + [int(result.next_tokens[i])]])
-                self.remember(out)
+            if done:  # what the row generated: its tokens before this round and what it kept in it
+                if result.committed is not None:
+                    kept = list(result.committed[i])
+                else:
+                    kept = [int(result.trees[i].tokens[j]) for j in result.paths[i]] + [int(result.next_tokens[i])]
+                self.remember(np.concatenate([np.asarray(ctx.sequences[i][ctx.prompt_lengths[i]:], dtype=np.int64),
+                                              np.asarray(kept, dtype=np.int64)]))
 
 
 class _NgramIndex:

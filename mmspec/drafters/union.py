@@ -5,8 +5,9 @@ target's states; a lookup drafter copies long runs that occurred before (in the 
 with ``history_tokens``, earlier requests' outputs) at no model cost. Merged, each round keeps the better of
 the two, and on a CPU, where verifying a few extra nodes costs little next to a pass, that is nearly free.
 
-Each member proposes its tree; the union is the prefix tree of all their root-to-leaf token paths (members
-first to last, so the first member's nodes survive a ``budget`` cut). Every member sees the same contexts
+Each member proposes its tree; the union is the prefix tree of all their root-to-leaf token paths, built
+depth by depth (a ``budget`` cut keeps shallower nodes of every member before deeper ones; at one depth,
+earlier members first). Every member sees the same contexts
 and the same verified results: a result's paths index the merged tree, and the target's hidden states in
 the next context are laid out by that tree, so a feature drafter (EAGLE reads the states of the nodes on
 the accepted path) follows along. The merged tree is a deterministic proposal (a sampled member's ``q`` is
@@ -54,7 +55,7 @@ class UnionDrafter(Drafter):
 
     @property
     def members(self) -> str:
-        """The members' kinds, as stats and records name them (``"eagle & lookup"``)."""
+        """The members' kinds (``"eagle & lookup"``); stats name the drafter ``union``, bench records by spec."""
         return " & ".join(d.kind for d in self.drafters)
 
     def bind(self, model) -> None:
