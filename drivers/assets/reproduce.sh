@@ -13,5 +13,7 @@ python -m mmspec.drivers.train_vla train --out "$W/vla2" --init "$W/vla1" --step
 # Phase 3: from phase 2 once the world drew tail lamps (lit while the lead brakes): 1200 steps at lr 5e-4
 # (~25 min at 1 thread).
 python -m mmspec.drivers.train_vla train --out "$W/vla3" --init "$W/vla2" --steps 1200 --lr 5e-4 --threads 1
-python -m mmspec.drivers.train_vla export --model "$W/vla3"
+# Phase 4: from phase 3, 2000 steps at lr 4e-4 (~45 min at 1 thread beside another job).
+python -m mmspec.drivers.train_vla train --out "$W/vla4" --init "$W/vla3" --steps 2000 --lr 4e-4 --threads 1 --save-every 200
+python -m mmspec.drivers.train_vla export --model "$W/vla4"
 python -m mmspec.drivers.train_vla eval --n 48 --samples 6 --closed-loop 48
