@@ -7,10 +7,10 @@ the two, and on a CPU, where verifying a few extra nodes costs little next to a 
 
 Each member proposes its tree; the union is the prefix tree of all their root-to-leaf token paths, built
 depth by depth (a ``budget`` cut keeps shallower nodes of every member before deeper ones; at one depth,
-earlier members first). Every member sees the same contexts
-and the same verified results: a result's paths index the merged tree, and the target's hidden states in
-the next context are laid out by that tree, so a feature drafter (EAGLE reads the states of the nodes on
-the accepted path) follows along. The merged tree is a deterministic proposal (a sampled member's ``q`` is
+earlier members first). Every member sees the same contexts and the same verified results: a result's paths
+index the merged tree and the target's hidden states in the next context are laid out by it, so a feature
+drafter (EAGLE reads the states of the nodes on the accepted path) follows along, and a draft model rebuilds
+what was kept from the tree's tokens. The merged tree is a deterministic proposal (a sampled member's ``q`` is
 dropped), which speculative sampling verifies exactly: output is unchanged under both modes.
 
 Spelled ``"A & B"`` wherever a drafter is named (``"eagle:DIR & lookup;history_tokens=20000"``).
