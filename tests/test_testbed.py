@@ -169,3 +169,21 @@ def test_grounding_separates_a_reader_from_a_guesser(tiny):
     assert set(reader["by_kind"]) == {"block"}
     guesser = grounding(Oracle(False), proc, "charts", n=2, batch_size=2)
     assert guesser["accuracy"] == guesser["accuracy_blank"] < 0.1
+
+
+def test_reading_targets_skip_an_answer_merged_into_the_prompt():
+    """Line item 62054 is "4.": the bundled tokenizer merges it with the prompt's last newline, so no answer
+    token starts after the prompt; that row gets no reading target (it crashed a training run)."""
+    from transformers import AutoProcessor
+
+    from mmspec.vision.testbed import bundled_target
+
+    if bundled_target() is None:  # an install without the repository's assets
+        pytest.skip("no bundled target in this install")
+    proc = AutoProcessor.from_pretrained(bundled_target())
+    w = get_workload("docs", mode="line", char_boxes=True)
+    odd, plain = w.example("train", 62054), w.example("train", 0)
+    assert odd.target == "4."
+    batch = make_batch(proc, [odd, plain])
+    where = reading_targets(proc, [odd, plain], batch)
+    assert (where[0] < 0).all() and (where[1] >= 0).any()

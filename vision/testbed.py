@@ -158,7 +158,9 @@ def reading_targets(processor, examples, batch: dict) -> torch.Tensor:
         # Tokenise as in the batch (the answer follows the prompt; BPE merges across the seam differ otherwise).
         prompt = prompts[b]
         enc = tok(prompt + ex.target, add_special_tokens=False, return_offsets_mapping=True)
-        first = next(i for i, (c0, _) in enumerate(enc["offset_mapping"]) if c0 >= len(prompt))
+        first = next((i for i, (c0, _) in enumerate(enc["offset_mapping"]) if c0 >= len(prompt)), None)
+        if first is None:  # the whole answer merged into a token that starts in the prompt (e.g. "\n4.")
+            continue
         answer = torch.tensor(enc["input_ids"][first:])
         offsets = [(c0 - len(prompt), c1 - len(prompt)) for c0, c1 in enc["offset_mapping"][first:]]
         labels = batch["labels"][b]
