@@ -91,7 +91,7 @@ def teacher_forced_accuracy(pipe, examples, batch_size: int = 32) -> dict:
         >>> teacher_forced_accuracy(pipe, get_workload("images").examples("test", 32))  # doctest: +SKIP
         {'teacher_forced_accuracy': 0.99, 'unconditional_teacher_forced_accuracy': 0.94}
     """
-    from .generator import _request_ids, _unconditional
+    from .generator import _request_ids, _unconditional, _with_codes
 
     model, tok = pipe.model, pipe.tokenizer
     offset = int(model.generation_config.image_code_offset)
@@ -101,11 +101,10 @@ def teacher_forced_accuracy(pipe, examples, batch_size: int = 32) -> dict:
         exs = examples[i:i + batch_size]
         codes = pipe.vq.encode(to_tensor([ex.meta["image"] for ex in exs])).flatten(1).to(model.device)
         ids, mask = (t.to(model.device) for t in _request_ids(tok, [ex.prompt for ex in exs]))
-        full_mask = torch.cat([mask, torch.ones_like(codes)], 1)
-        pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
         for key, rows in (("teacher_forced_accuracy", ids), ("unconditional_teacher_forced_accuracy",
                                                               _unconditional(ids, tok))):
-            logits = model(input_ids=torch.cat([rows, codes + offset], 1), attention_mask=full_mask,
+            seq, full_mask, pos = _with_codes(rows, mask, codes + offset)
+            logits = model(input_ids=seq, attention_mask=full_mask,
                            position_ids=pos).logits[:, ids.shape[1] - 1:-1, offset:]
             hits[key] += int((logits.argmax(-1) == codes).sum())
         total += codes.numel()

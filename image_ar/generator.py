@@ -92,6 +92,13 @@ def _request_ids(tok, prompts) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def _with_codes(ids: torch.Tensor, mask: torch.Tensor, codes: torch.Tensor) -> tuple:
+    """Requests (left-padded ``ids``/``mask``) followed by code-token rows: ``(input_ids, attention_mask,
+    position_ids)`` for a teacher-forced pass (positions count real tokens, as in generation)."""
+    full_mask = torch.cat([mask, torch.ones_like(codes)], dim=1)
+    return torch.cat([ids, codes], dim=1), full_mask, (full_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def _unconditional(ids: torch.Tensor, tok) -> torch.Tensor:
     """Janus's unconditional rows: every token but ``<bos>``/``<boi>`` (and padding) becomes ``<pad>``."""
     keep = (ids == tok.bos_token_id) | (ids == tok.convert_tokens_to_ids("<boi>"))
@@ -291,11 +298,9 @@ def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int =
         ids, mask = _request_ids(tok, [ex.prompt for ex in exs])
         drop = torch.rand(batch_size, generator=g) < p_uncond
         ids[drop] = _unconditional(ids[drop], tok)
-        seq = torch.cat([ids, codes, torch.full((batch_size, 1), eoi)], dim=1)
-        full_mask = torch.cat([mask, torch.ones(batch_size, codes.shape[1] + 1, dtype=torch.long)], dim=1)
+        seq, full_mask, pos = _with_codes(ids, mask, torch.cat([codes, torch.full((batch_size, 1), eoi)], dim=1))
         labels = seq.clone()
         labels[:, : ids.shape[1]] = -100
-        pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
         loss = model(input_ids=seq, attention_mask=full_mask, position_ids=pos, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -63,14 +63,14 @@ class RoundResult:
         next_tokens: the bonus/corrected token per row (the new pending token).
         finished: per row, whether it stopped this round (eos, max tokens, stop string).
         committed: per row, the tokens it actually kept this round (the path's tokens and the next token,
-            cut after a stop), or ``None`` where the caller did not say.
+            cut after a stop).
     """
 
     trees: list
     paths: list
     next_tokens: list
     finished: list
-    committed: list | None = None
+    committed: list
 
 
 class Drafter:

@@ -144,12 +144,8 @@ class PromptLookupDrafter(Drafter):
             return
         for i, done in enumerate(result.finished):
             if done:  # what the row generated: its tokens before this round and what it kept in it
-                if result.committed is not None:
-                    kept = list(result.committed[i])
-                else:
-                    kept = [int(result.trees[i].tokens[j]) for j in result.paths[i]] + [int(result.next_tokens[i])]
                 self.remember(np.concatenate([np.asarray(ctx.sequences[i][ctx.prompt_lengths[i]:], dtype=np.int64),
-                                              np.asarray(kept, dtype=np.int64)]))
+                                              np.asarray(result.committed[i], dtype=np.int64)]))
 
 
 class _NgramIndex:

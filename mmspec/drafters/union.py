@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+from ..registry import UNION_SEP
 from ..tree import DraftTree
 from .base import DraftContext, Drafter, RoundResult
 
@@ -56,7 +57,7 @@ class UnionDrafter(Drafter):
     @property
     def members(self) -> str:
         """The members' kinds (``"eagle & lookup"``); stats name the drafter ``union``, bench records by spec."""
-        return " & ".join(d.kind for d in self.drafters)
+        return UNION_SEP.join(d.kind for d in self.drafters)
 
     def bind(self, model) -> None:
         for d in self.drafters:
