@@ -30,10 +30,11 @@ from mmspec.vision.testbed import PatchReader
 from mmspec.workloads import get_workload
 
 from .vla import ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION, TrajectoryExpert, next_text_positions
-from .world import DT, LABELS
+from .world import DT, LABELS, LOOKAHEAD_M
 
-__all__ = ["DrivingVLA", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla", "vla_losses",
-           "constant_velocity", "closed_loop", "score_step", "summarize_scores", "bundled_vla", "export_vla"]
+__all__ = ["DrivingVLA", "RoadReader", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla",
+           "vla_losses", "constant_velocity", "closed_loop", "model_policy", "collect_rollouts", "score_step",
+           "summarize_scores", "bundled_vla", "export_vla"]
 
 PATCH, MERGE = 14, 2
 VLA_SIZES = {
@@ -113,8 +114,38 @@ def _label_targets(example, grid_hw_per_image) -> torch.Tensor:
     return torch.cat(out)
 
 
-def vla_losses(vla: DrivingVLA, examples, reader, generator=None) -> dict:
-    """The three training losses on ``examples`` (driving items with ``meta["labels"]``)."""
+ROAD_SCALE_M = (0.45, 0.57, 1.23, 2.6)  # std of road_ahead on training items (perturb 0.3): unit-scale targets
+
+
+class RoadReader(torch.nn.Module):
+    """Where the road runs ahead (:func:`~mmspec.drivers.world.road_ahead`), read from one item's vision tokens:
+    one learned query per look-ahead distance attends over the tokens, a linear map per query gives the position
+    in units of :data:`ROAD_SCALE_M` (an auxiliary loss in training only, never saved with the VLA).
+
+    Example:
+        >>> RoadReader(8)([torch.zeros(5, 8), torch.zeros(3, 8)]).shape
+        torch.Size([2, 4])
+    """
+
+    def __init__(self, hidden: int, n_out: int = len(LOOKAHEAD_M)):
+        super().__init__()
+        self.query = torch.nn.Parameter(torch.randn(n_out, hidden) * hidden ** -0.5)
+        self.key = torch.nn.Linear(hidden, hidden)
+        self.value = torch.nn.Linear(hidden, hidden)
+        self.out = torch.nn.Parameter(torch.zeros(n_out, hidden))
+        self.bias = torch.nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, tokens_per_item) -> torch.Tensor:
+        rows = []
+        for h in tokens_per_item:
+            attn = torch.softmax(self.query @ self.key(h).T * h.shape[-1] ** -0.5, dim=-1)
+            rows.append(((attn @ self.value(h)) * self.out).sum(-1) + self.bias)
+        return torch.stack(rows)
+
+
+def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=None) -> dict:
+    """The training losses on ``examples`` (driving items with ``meta["labels"]``): ``lm``, ``aux``, ``flow``,
+    and ``road`` (mean squared error in units of :data:`ROAD_SCALE_M`) when a :class:`RoadReader` is given."""
     from mmspec.vision.testbed import make_batch
 
     batch = make_batch(vla.processor, examples)
@@ -137,7 +168,13 @@ def vla_losses(vla: DrivingVLA, examples, reader, generator=None) -> dict:
     start = next_text_positions(vla.backbone, {**batch, "attention_mask": prefix})
     actions = torch.from_numpy(np.stack([ex.meta["actions"] for ex in examples])).float()
     flow = vla.expert.loss(actions, out.past_key_values, start, prefix.bool(), generator=generator)
-    return {"lm": out.loss, "aux": aux, "flow": flow}
+    losses = {"lm": out.loss, "aux": aux, "flow": flow}
+    if road_reader is not None:
+        counts = (batch["image_grid_thw"].prod(-1) // (MERGE * MERGE)).view(len(examples), per_ex).sum(1)
+        pred = road_reader(captured["h"].split(counts.tolist()))
+        want = torch.from_numpy(np.stack([ex.meta["road_ahead"] for ex in examples])).float()
+        losses["road"] = torch.nn.functional.mse_loss(pred, want / torch.tensor(ROAD_SCALE_M))
+    return losses
 
 
 @dataclass
@@ -145,7 +182,10 @@ class VLATrainConfig:
     """Hyper-parameters of :func:`train_vla` (saved beside the checkpoint); ``stop_after`` ends this run early
     while the schedule still spans ``steps``; ``init`` starts from another checkpoint's weights (fresh
     optimizer and schedule; the action expert takes the current action normalisation); ``perturb`` is the
-    share of training items with a perturbed lead-in and the expert's recovery (see ``DrivingWorkload``)."""
+    share of training items with a perturbed lead-in and the expert's recovery (see ``DrivingWorkload``);
+    ``road_weight`` weighs the :class:`RoadReader` loss (0: none), which makes the vision tower say where the
+    road runs ahead: without it the VLA steered from its history and drifted off the road in closed loop;
+    ``rollouts`` (a :func:`collect_rollouts` file) makes a ``rollout_fraction`` of the items DAgger items."""
 
     out: str = "driving-vla"
     size: str = "small"
@@ -163,6 +203,9 @@ class VLATrainConfig:
     vocab_size: int = 512
     init: str = ""
     perturb: float = 0.0
+    road_weight: float = 0.0
+    rollouts: str = ""
+    rollout_fraction: float = 0.5
 
 
 def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
@@ -183,20 +226,26 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     else:
         vla = build_vla(cfg.size, cfg.tokenizer_texts, cfg.vocab_size, cfg.seed)
     reader = PatchReader(vla.backbone.config.text_config.hidden_size, len(LABELS))
+    road_reader = RoadReader(vla.backbone.config.text_config.hidden_size) if cfg.road_weight else None
     params = list(vla.backbone.parameters()) + list(vla.expert.parameters()) + list(reader.parameters())
+    if road_reader is not None:
+        params += list(road_reader.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     start = 0
     if resume:
         saved = torch.load(state_path, weights_only=True)
         opt.load_state_dict(saved["optimizer"])
         reader.load_state_dict(saved["reader"])
+        if road_reader is not None and "road_reader" in saved:
+            road_reader.load_state_dict(saved["road_reader"])
         start = int(saved["step"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     for _ in range(start):
         sched.step()
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     trim_log(log_path, start)  # steps logged past the last checkpoint by a killed job
-    wl = get_workload("driving", labels=True, perturb=cfg.perturb)
+    wl = get_workload("driving", labels=True, perturb=cfg.perturb, rollouts=cfg.rollouts or None,
+                      rollout_fraction=cfg.rollout_fraction)
     gen = torch.Generator().manual_seed(cfg.seed)
     end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
     vla.train()
@@ -204,8 +253,11 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     for step in bar:
         t0 = time.perf_counter()
         gen.manual_seed(cfg.seed * 1_000_003 + step)  # resumable: the noise of step s does not depend on history
-        losses = vla_losses(vla, wl.examples("train", cfg.batch_size, start=step * cfg.batch_size), reader, gen)
+        losses = vla_losses(vla, wl.examples("train", cfg.batch_size, start=step * cfg.batch_size), reader, gen,
+                            road_reader)
         loss = losses["lm"] + cfg.aux_weight * losses["aux"] + cfg.action_weight * losses["flow"]
+        if road_reader is not None:
+            loss = loss + cfg.road_weight * losses["road"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -213,14 +265,17 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
         sched.step()
         rec = {"step": step + 1, **{k: round(v.item(), 4) for k, v in losses.items()},
                "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
-        bar.set_postfix(lm=rec["lm"], aux=rec["aux"], flow=rec["flow"])
+        bar.set_postfix({k: rec[k] for k in losses})
         with open(log_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         if (step + 1) % cfg.save_every == 0 or step + 1 == end:
             vla.eval().save_pretrained(cfg.out)
             vla.train()
             tmp = state_path + ".tmp"
-            torch.save({"optimizer": opt.state_dict(), "reader": reader.state_dict(), "step": step + 1}, tmp)
+            saved = {"optimizer": opt.state_dict(), "reader": reader.state_dict(), "step": step + 1}
+            if road_reader is not None:
+                saved["road_reader"] = road_reader.state_dict()
+            torch.save(saved, tmp)
             os.replace(tmp, state_path)
             with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
                 json.dump(asdict(cfg), f, indent=2)
@@ -332,9 +387,8 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
     Example:
         >>> closed_loop(DrivingVLA.from_pretrained("driving-vla"), n=6)            # doctest: +SKIP
     """
-    from .clips import HISTORY_TICKS
     from .pipeline import DrivingPipeline
-    from .world import SCENARIO_KINDS, render_frame, safety_events, scenario_for, simulate, to_ego_frame
+    from .world import SCENARIO_KINDS, safety_events, scenario_for, simulate
 
     pipe = DrivingPipeline(vla)
     totals = {"model": {"collision": 0, "offroad": 0, "red_light": 0, "progress_m": 0.0},
@@ -342,22 +396,7 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
     by_kind: dict = {}  # the model's incident counts per scenario kind: where it fails, not only how often
     for i in range(n):
         scn = scenario_for(split, 10_000 + i, seed, SCENARIO_KINDS[i % len(SCENARIO_KINDS)])
-        plan = {}
-
-        def policy(sim, k):
-            if k < handover_tick:
-                return None
-            if (k - handover_tick) % replan_every == 0:
-                pose = sim.ego[k]
-                hist = np.stack(sim.ego[k - HISTORY_TICKS: k])
-                history = np.c_[to_ego_frame(hist[:, :2], pose),
-                                (hist[:, 2] - pose[2] + np.pi) % (2 * np.pi) - np.pi]
-                frames = [render_frame(sim, t) for t in range(k - 3, k + 1)]
-                plan["actions"] = pipe.step(frames, history, float(pose[3]), seed=seed + k)["actions"][0]
-                plan["start"] = k
-            a = plan["actions"][k - plan["start"]]
-            return float(a[0]), float(a[1])
-
+        policy = model_policy(pipe, handover_tick, replan_every, seed)
         kind = by_kind.setdefault(scn.kind, {"n": 0, "collision": 0, "offroad": 0, "red_light": 0})
         kind["n"] += 1
         for who, pol in (("model", policy), ("expert", None)):
@@ -369,6 +408,72 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
             totals[who]["progress_m"] += ev["progress_m"]
     return {who: {**{f"{k}_rate": v / n for k, v in t.items() if k != "progress_m"},
                   "progress_m": t["progress_m"] / n} for who, t in totals.items()} | {"n": n, "model_by_kind": by_kind}
+
+
+def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int = 0):
+    """A ``simulate`` policy in which ``pipe`` (a :class:`~mmspec.drivers.pipeline.DrivingPipeline`) drives: the
+    expert before ``handover_tick`` (history for the model), then a plan from the current frames and ego history
+    every ``replan_every`` ticks, whose (accel, curvature) steps the ego executes."""
+    from .clips import HISTORY_TICKS
+    from .world import render_frame, to_ego_frame
+
+    plan = {}
+
+    def policy(sim, k):
+        if k < handover_tick:
+            return None
+        if (k - handover_tick) % replan_every == 0:
+            pose = sim.ego[k]
+            hist = np.stack(sim.ego[k - HISTORY_TICKS: k])
+            history = np.c_[to_ego_frame(hist[:, :2], pose), (hist[:, 2] - pose[2] + np.pi) % (2 * np.pi) - np.pi]
+            frames = [render_frame(sim, t) for t in range(k - 3, k + 1)]
+            plan["actions"] = pipe.step(frames, history, float(pose[3]), seed=seed + k)["actions"][0]
+            plan["start"] = k
+        a = plan["actions"][k - plan["start"]]
+        return float(a[0]), float(a[1])
+
+    return policy
+
+
+@torch.no_grad()
+def collect_rollouts(vla: DrivingVLA, path: str, n: int = 120, seconds: float = 8.0, handover_tick: int = 20,
+                     replan_every: int = 5, split: str = "train", first_index: int = 20_000, seed: int = 0,
+                     progress: bool = True) -> list:
+    """DAgger's data: let ``vla`` drive ``n`` scenarios of ``split`` (all kinds in turn, indices from
+    ``first_index``) and append each drive to the JSONL file ``path`` (``split``, ``index``, ``kind``,
+    ``handover``, the executed ``controls`` from the hand-over on, and the drive's safety events). Rows already
+    in the file are kept and skipped (a killed job resumes). Train on them with ``VLATrainConfig.rollouts``:
+    the workload replays a drive to a tick inside it and labels the state with the expert's recovery.
+
+    Example:
+        >>> rows = collect_rollouts(DrivingVLA.from_pretrained("driving-vla"), "rollouts.jsonl", n=6)  # doctest: +SKIP
+    """
+    from tqdm import tqdm
+
+    from .pipeline import DrivingPipeline
+    from .world import SCENARIO_KINDS, safety_events, scenario_for, simulate
+
+    rows = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    done = {r["index"] for r in rows}
+    pipe = DrivingPipeline(vla)
+    for i in tqdm(range(n), disable=not progress, desc="rollouts"):
+        index = first_index + i
+        if index in done:
+            continue
+        kind = SCENARIO_KINDS[i % len(SCENARIO_KINDS)]
+        sim = simulate(scenario_for(split, index, seed, kind), seconds,
+                       model_policy(pipe, handover_tick, replan_every, seed))
+        ev = safety_events(sim, handover_tick)
+        row = {"split": split, "index": index, "kind": kind, "handover": handover_tick,
+               "controls": [[round(a, 5), round(c, 6)] for a, c in sim.controls[handover_tick:]],
+               "events": {k: bool(ev[k]) for k in ("collision", "offroad", "red_light")}}
+        rows.append(row)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return rows
 
 
 def _parse(sentence: str):
@@ -394,6 +499,12 @@ def main(argv=None) -> int:
     x = sub.add_parser("export", help="write the shippable (bfloat16) copy of a trained VLA")
     x.add_argument("--model", required=True)
     x.add_argument("--out", default=VLA_DIR)
+    r = sub.add_parser("rollouts", help="let a VLA drive training scenarios and record it (DAgger's data)")
+    r.add_argument("--model", required=True)
+    r.add_argument("--out", required=True, help="JSONL file (appended to; a killed run resumes)")
+    r.add_argument("--n", type=int, default=120)
+    r.add_argument("--first-index", type=int, default=20_000)
+    r.add_argument("--threads", type=int, default=0)
     e = sub.add_parser("eval")
     e.add_argument("--model", default=None, help="default: the bundled VLA")
     e.add_argument("--n", type=int, default=24)
@@ -402,6 +513,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "train":
         train_vla(VLATrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"}))
+        return 0
+    if args.cmd == "rollouts":
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        rows = collect_rollouts(DrivingVLA.from_pretrained(args.model), args.out, n=args.n,
+                                first_index=args.first_index)
+        bad = {k: sum(r["events"][k] for r in rows) for k in ("collision", "offroad", "red_light")}
+        print(json.dumps({"rows": len(rows), **bad}))
         return 0
     if args.cmd == "export":
         print(export_vla(args.model, args.out))

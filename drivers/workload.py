@@ -22,8 +22,8 @@ from mmspec.errors import InvalidInputError
 from mmspec.workloads import Example, SeededWorkload
 
 from .clips import FUTURE_TICKS, sample_at
-from .world import (CAMERAS, DT, SCENARIO_KINDS, perturbed_expert, render_frame, safety_events, scenario_for,
-                    simulate)
+from .world import (CAMERAS, DT, SCENARIO_KINDS, perturbed_expert, render_frame, road_ahead, safety_events,
+                    scenario_for, simulate)
 
 __all__ = ["DrivingWorkload", "history_text", "driving_prompt"]
 
@@ -53,13 +53,22 @@ class DrivingWorkload(SeededWorkload):
         size: frame size in pixels (multiples of 28 suit Qwen2-VL's merged 14-px patches).
         kinds: scenario kinds drawn from (uniformly); default all of :data:`SCENARIO_KINDS`.
         labels: also return each frame's class-id image (``meta["labels"]``, see ``render_frame(labels=True)``)
-            for dense supervision of a vision tower.
+            for dense supervision of a vision tower, and where the road runs ahead (``meta["road_ahead"]``,
+            see :func:`~mmspec.drivers.world.road_ahead`).
         perturb: share of items whose last 1-2.5 s before the sample tick were driven by the expert with a
             constant acceleration and curvature offset (:func:`~mmspec.drivers.world.perturbed_expert`): the
             history shows the ego drifting off the lane centre, too fast or too slow, the future the expert's
             recovery (training data against closed-loop drift). Items whose recovery would still end in a collision,
             off the road or through a red light keep the expert's own lead-in. Drawn only when > 0, so the
             default items are unchanged.
+        rollouts: DAgger data: the model's own closed-loop drives (rows of :func:`~mmspec.drivers.train_vla.
+            collect_rollouts`, or the path of their JSONL file). A share ``rollout_fraction`` of the items replays
+            one of them up to a tick drawn inside it and cuts the sample there: the frames and history are the
+            states the model drove itself into, the future is the expert's recovery from them. Rows are replayed
+            in the scenario they were driven in (its split and index); a tick whose recovery still crashes, leaves
+            the road or runs a red light is moved halfway back to the hand-over (three times at most), then the
+            expert's own lead-in is kept.
+        rollout_fraction: share of items drawn from ``rollouts`` (when given).
         seed: mixed into every item's seed.
     """
 
@@ -77,7 +86,7 @@ class DrivingWorkload(SeededWorkload):
         return bench_driving(model or self.bundled_model(), examples, cfg, progress)
 
     def __init__(self, cameras=("front",), size=(224, 112), kinds=None, labels: bool = False, perturb: float = 0.0,
-                 seed: int = 0):
+                 rollouts=None, rollout_fraction: float = 0.5, seed: int = 0):
         bad = [c for c in cameras if c not in CAMERAS]
         if bad or not cameras:
             raise InvalidInputError(f"unknown cameras {bad}; use some of {sorted(CAMERAS)}")
@@ -86,14 +95,39 @@ class DrivingWorkload(SeededWorkload):
         if not 0.0 <= perturb <= 1.0:
             raise InvalidInputError(f"perturb must be in [0, 1], got {perturb}")
         self.perturb = float(perturb)
+        if isinstance(rollouts, str):
+            import json
+
+            with open(rollouts) as f:
+                rollouts = [json.loads(line) for line in f if line.strip()]
+        self.rollouts = list(rollouts or [])
+        if not 0.0 <= rollout_fraction <= 1.0:
+            raise InvalidInputError(f"rollout_fraction must be in [0, 1], got {rollout_fraction}")
+        self.rollout_fraction = float(rollout_fraction)
 
     def generate(self, rng, nrng, split, index, draw=True):
         kind = self.kinds[rng.randrange(len(self.kinds))]
         tick = 20 + rng.randrange(21)  # 2-4 s in: most scripted events are under way
         scn = scenario_for(split, index, self.seed, kind)
         seconds = (tick + FUTURE_TICKS + 1) * DT
-        sim = None
-        if self.perturb and rng.random() < self.perturb:
+        sim, replayed = None, False
+        if self.rollouts and rng.random() < self.rollout_fraction:
+            row = self.rollouts[rng.randrange(len(self.rollouts))]
+            scn = scenario_for(row["split"], row["index"], self.seed, row["kind"])
+            handover, controls = int(row["handover"]), row["controls"]
+            tick = handover + 1 + rng.randrange(max(1, len(controls) - 1))
+            for _ in range(3):
+                sim = simulate(scn, (tick + FUTURE_TICKS + 1) * DT, _replay(handover, tick, controls))
+                ev = safety_events(sim)
+                if not (ev["collision"] or ev["offroad"] or ev["red_light"]) and sim.ticks > tick + FUTURE_TICKS:
+                    break
+                tick, sim = handover + (tick - handover) // 2, None
+            if sim is None:
+                scn = scenario_for(split, index, self.seed, kind)
+                tick = 20 + rng.randrange(21)
+            replayed = sim is not None
+            seconds = (tick + FUTURE_TICKS + 1) * DT
+        if sim is None and self.perturb and rng.random() < self.perturb:
             lead_in = rng.randint(10, 25)
             policy = perturbed_expert(tick - lead_in, tick, rng.uniform(-1.5, 1.5),
                                       rng.choice((-1, 1)) * rng.uniform(0.005, 0.02))
@@ -101,7 +135,7 @@ class DrivingWorkload(SeededWorkload):
             ev = safety_events(sim)
             if ev["collision"] or ev["offroad"] or ev["red_light"] or sim.ticks <= tick + FUTURE_TICKS:
                 sim = None  # an unrecoverable perturbation would teach the crash
-        perturbed = sim is not None
+        perturbed = sim is not None and not replayed
         sim = sim or simulate(scn, seconds)
         sample = sample_at(sim, tick, cameras=self.cameras if draw else (), size=self.size)
         images = [Image.fromarray(f) for cam in self.cameras for f in sample["frames"].get(cam, [])]
@@ -111,9 +145,19 @@ class DrivingWorkload(SeededWorkload):
             ticks = range(tick - len(images) // len(self.cameras) + 1, tick + 1)
             label_maps = [np.asarray(render_frame(sim, k, cam, self.size, labels=True)) for cam in self.cameras
                           for k in ticks]
-        meta = {"kind": kind, "tick": tick, "perturbed": perturbed, "history": sample["history"],
+        meta = {"kind": scn.kind, "tick": tick, "perturbed": perturbed, "replayed": replayed, "history": sample["history"],
                 "speed": sample["speed"], "future": sample["future"], "actions": sample["actions"],
                 "hazard_kind": h.kind, "hazard_distance": h.distance, "hazard_action": h.action}
         if self.labels and draw:
             meta["labels"] = label_maps
+            meta["road_ahead"] = road_ahead(sim, tick)
         return Example(id="", prompt=prompt, target=sample["reasoning"], images=images, meta=meta)
+
+
+def _replay(start: int, stop: int, controls):
+    """A ``simulate`` policy: the recorded ``controls`` (from tick ``start``) on ticks ``start <= k < stop``, the
+    expert elsewhere."""
+    def policy(sim, k):
+        return tuple(controls[k - start]) if start <= k < stop else None
+
+    return policy

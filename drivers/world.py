@@ -38,7 +38,8 @@ from mmspec.workloads import seed_for
 
 __all__ = ["Road", "Scenario", "SimResult", "Hazard", "make_scenario", "simulate", "render_frame", "hazard_at",
            "reasoning_text", "to_ego_frame", "scenario_for", "safety_events", "SCENARIO_KINDS", "LABELS", "DT",
-           "LANE_WIDTH", "CAMERAS", "perturbed_expert"]
+           "LANE_WIDTH", "CAMERAS", "perturbed_expert",
+           "road_ahead", "LOOKAHEAD_M"]
 
 DT = 0.1  # 10 Hz, as the driving VLAs tick
 LANE_WIDTH = 3.5
@@ -300,6 +301,27 @@ def _expert(scn: Scenario, t: float, x, y, yaw, v, s_ego) -> tuple[float, float]
     lat = -dx * math.sin(yaw) + dy * math.cos(yaw)
     curv = 2 * lat / max(dx * dx + dy * dy, 1e-3)
     return acc, max(-MAX_CURVATURE, min(MAX_CURVATURE, curv))
+
+
+LOOKAHEAD_M = (5.0, 10.0, 20.0, 30.0)
+
+
+def road_ahead(sim: SimResult, tick: int, distances=LOOKAHEAD_M) -> np.ndarray:
+    """Where the road's centreline lies ``distances`` metres ahead (along the road) of the ego at ``tick``:
+    its lateral position in the ego frame (metres, left positive), one per distance.
+
+    Why: these numbers fold the ego's lateral offset, heading error and the road's curvature into what a
+    steering controller needs (the expert steers for the point ``max(6, 1.2 v)`` m ahead); a VLA is trained to
+    read them from its frames (an auxiliary loss), so lane geometry is explicit in its states.
+
+    Example:
+        >>> scn = make_scenario(seed_for("driving", "train", 3), "cruise")
+        >>> road_ahead(simulate(scn, 1.0), 0).shape
+        (4,)
+    """
+    pose = sim.ego[tick]
+    pts = np.array([sim.scenario.road.pose(sim.ego_s[tick] + d)[:2] for d in distances])
+    return to_ego_frame(pts, pose)[:, 1].astype(np.float32)
 
 
 def perturbed_expert(start: int, stop: int, accel_offset: float, curvature_offset: float):

@@ -9,7 +9,10 @@ import torch
 
 from mmspec.drivers.pipeline import STAGES, DrivingPipeline
 from mmspec.drivers.vla import ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION
-from mmspec.drivers.train_vla import DrivingVLA, VLATrainConfig, constant_velocity, evaluate_vla, train_vla
+from mmspec.drivers.train_vla import (DrivingVLA, RoadReader, VLATrainConfig, constant_velocity, evaluate_vla,
+                                     train_vla, vla_losses)
+from mmspec.drivers.world import LABELS
+from mmspec.vision.testbed import PatchReader
 from mmspec.workloads import get_workload
 
 
@@ -44,6 +47,33 @@ def test_training_resumes_saves_and_drives(tmp_path):
     assert res["min_ade_2"] <= res["min_ade_1"] + 1e-9
 
 
+def test_road_reader_loss_trains_and_its_reader_resumes(tmp_path):
+    """``road_weight`` adds the road-ahead loss (logged), the reader's weights resume with the run, and it
+    learns: a few steps on one batch lower the loss."""
+    cfg = VLATrainConfig(out=str(tmp_path), size="tiny", steps=3, stop_after=2, batch_size=2, save_every=1,
+                         tokenizer_texts=60, vocab_size=300, warmup=1, road_weight=1.0)
+    train_vla(cfg, progress=False)
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert "road_reader" in saved
+    cfg.stop_after = 0
+    train_vla(cfg, progress=False)
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3] and all(r["road"] >= 0 for r in log)
+    vla = DrivingVLA.from_pretrained(str(tmp_path)).train()
+    examples = get_workload("driving", labels=True, perturb=1.0).examples("train", 2)
+    reader = PatchReader(vla.backbone.config.text_config.hidden_size, len(LABELS))
+    road = RoadReader(vla.backbone.config.text_config.hidden_size)
+    opt = torch.optim.Adam(list(road.parameters()) + list(vla.backbone.parameters()), lr=3e-3)
+    first = None
+    for _ in range(12):
+        loss = vla_losses(vla, examples, reader, road_reader=road)["road"]
+        first = loss.item() if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first
+
+
 def test_constant_velocity_baseline():
     cv = constant_velocity(10.0, 4)
     assert np.allclose(cv, [[1, 0], [2, 0], [3, 0], [4, 0]])
@@ -64,6 +94,40 @@ def test_closed_loop_runs_the_model_and_the_expert(tmp_path):
     for key in ("collision", "offroad", "red_light"):
         assert sum(k[key] for k in res["model_by_kind"].values()) == res["model"][f"{key}_rate"] * 2
     assert res["expert"]["collision_rate"] == 0.0 and res["expert"]["progress_m"] > 5.0
+
+
+def test_rollouts_are_recorded_resumed_and_replayed_as_dagger_items(tmp_path):
+    """``collect_rollouts`` records the model's drive (resuming a file), and a workload with ``rollouts``
+    replays a recorded drive exactly to a tick inside it: the item's history is the drive's, its future the
+    expert's recovery (back towards the lane centre)."""
+    from mmspec.drivers.clips import sample_at
+    from mmspec.drivers.train_vla import build_vla, collect_rollouts
+    from mmspec.drivers.world import scenario_for, simulate
+
+    torch.manual_seed(0)
+    vla = build_vla("tiny", tokenizer_texts=40, vocab_size=300).eval()
+    vla.expert.num_steps = 2
+    path = str(tmp_path / "rollouts.jsonl")
+    first = collect_rollouts(vla, path, n=1, seconds=3.0, progress=False)
+    rows = collect_rollouts(vla, path, n=2, seconds=3.0, progress=False)
+    assert rows[0] == first[0] and [r["kind"] for r in rows] == ["cruise", "lead_brake"]
+    assert len(rows[0]["controls"]) == 10 and set(rows[0]["events"]) == {"collision", "offroad", "red_light"}
+    # A drive that steers left for 2 s: replayed items show the drift and learn the way back.
+    scn = scenario_for("train", 7, 0, "cruise")
+    drive = simulate(scn, 11.0, lambda sim, k: (0.0, 0.01) if 20 <= k < 40 else None)
+    row = {"split": "train", "index": 7, "kind": "cruise", "handover": 20, "controls": drive.controls[20:40]}
+    wl = get_workload("driving", rollouts=[row], rollout_fraction=1.0, size=(112, 56))
+    items = [ex for ex in wl.examples("train", 6) if ex.meta["replayed"]]
+    assert len(items) >= 4
+    for ex in items:
+        tick = ex.meta["tick"]
+        assert 20 < tick < 40 and not ex.meta["perturbed"] and ex.meta["kind"] == "cruise"
+        assert np.allclose(ex.meta["history"], sample_at(drive, tick, cameras=())["history"], atol=1e-5)
+    late = max(items, key=lambda ex: ex.meta["tick"])
+    assert late.meta["future"][-1, 1] < late.meta["future"][0, 1] - 0.1  # steers back right, to the centre
+    again = get_workload("driving", rollouts=[row], rollout_fraction=1.0, size=(112, 56)).examples("train", 6)
+    assert [(ex.meta["tick"], ex.meta["replayed"]) for ex in again] == \
+        [(ex.meta["tick"], ex.meta["replayed"]) for ex in wl.examples("train", 6)]
 
 
 def test_stage_timings_attribute_encode_and_prefill_correctly():

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from mmspec.drivers.clips import FUTURE_TICKS, HISTORY_TICKS, load_clip, sample_at, write_clip
-from mmspec.drivers.world import (CAR_LEN, DT, LABELS, SCENARIO_KINDS, hazard_at, make_scenario,
-                                  perturbed_expert, reasoning_text, render_frame, safety_events, scenario_for,
-                                  simulate)
+from mmspec.drivers.world import (CAR_LEN, DT, LABELS, LOOKAHEAD_M, SCENARIO_KINDS, Road, Scenario, hazard_at,
+                                  make_scenario, perturbed_expert, reasoning_text, render_frame, road_ahead,
+                                  safety_events, scenario_for, simulate)
 from mmspec.workloads import get_workload, seed_for
 
 
@@ -173,3 +173,19 @@ def test_tail_lamps_light_up_when_the_lead_brakes():
     lamps = (np.asarray(render_frame(sim, after)) == (255, 90, 90)).all(-1)
     labels = np.asarray(render_frame(sim, after, labels=True))
     assert (labels[lamps] == LABELS.index("vehicle")).all()
+
+
+def test_road_ahead_measures_offset_and_the_bend_in_the_ego_frame():
+    """On a straight road the centreline ahead sits at minus the ego's lateral offset; on a left bend it
+    moves left (positive y) the further ahead one looks; items with labels carry it."""
+    straight = Scenario("cruise", Road.from_pieces([(400.0, 0.0)]), ego_speed=10.0, desired_speed=10.0)
+    sim = simulate(straight, 3.0, perturbed_expert(0, 10, 0.0, 0.02))  # steer left for 1 s, then recover
+    k = 10
+    offset = straight.road.project(*sim.ego[k][:2])[1]
+    ahead = road_ahead(sim, k, distances=(0.0,))
+    assert offset > 0.2 and ahead[0] == pytest.approx(-offset, abs=0.01)
+    bend = Scenario("cruise", Road.from_pieces([(400.0, 0.02)]), ego_speed=10.0, desired_speed=10.0)
+    ahead = road_ahead(simulate(bend, 1.0), 5)
+    assert list(ahead) == sorted(ahead) and ahead[-1] == pytest.approx(0.5 * 0.02 * 30.0 ** 2, rel=0.25)
+    ex = get_workload("driving", labels=True, size=(112, 56)).example("train", 0)
+    assert ex.meta["road_ahead"].shape == (len(LOOKAHEAD_M),)
