@@ -2,12 +2,13 @@
 evaluation (reasoning accuracy, minADE against a constant-velocity baseline).
 
 Training, per step, on a batch of driving items (four front frames, the ego history in the prompt):
-``loss = lm + aux_weight * aux + action_weight * flow``. ``lm`` is the backbone's cross-entropy on the
-reasoning sentence; ``aux`` is a dense loss on the *backbone's vision tower* (a linear reader says which
-world classes, :data:`~mmspec.drivers.world.LABELS`, lie under each patch: the renderer knows; from-scratch
-tiny VLMs otherwise learn the text prior and ignore the pixels, DESIGN.md); ``flow`` is the action expert's
-rectified-flow loss on the expert driver's 64 (accel, curvature) steps, read from the backbone's KV cache
-of prompt + reasoning (the final end-of-turn excluded, as at run time).
+``loss = lm + aux_weight * aux + action_weight * flow + road_weight * road``. ``lm`` is the backbone's
+cross-entropy on the reasoning sentence; ``aux`` is a dense loss on the *backbone's vision tower* (a linear
+reader says which world classes, :data:`~mmspec.drivers.world.LABELS`, lie under each patch: the renderer
+knows; from-scratch tiny VLMs otherwise learn the text prior and ignore the pixels, DESIGN.md); ``flow`` is the
+action expert's rectified-flow loss on the expert driver's 64 (accel, curvature) steps, read from the
+backbone's KV cache of prompt + reasoning (the final end-of-turn excluded, as at run time); ``road`` (optional)
+makes the vision tokens say where the road runs ahead (:class:`RoadReader`).
 
 Example:
     >>> vla = train_vla(VLATrainConfig(out="/tmp/vla", size="tiny", steps=2))          # doctest: +SKIP

@@ -97,10 +97,18 @@ class DrivingWorkload(SeededWorkload):
         self.perturb = float(perturb)
         if isinstance(rollouts, str):
             import json
+            import os
 
+            if not os.path.isfile(rollouts):
+                raise InvalidInputError(f"no rollouts file at {rollouts!r} (write one with `python -m "
+                                        "mmspec.drivers.train_vla rollouts --model M --out FILE`)")
             with open(rollouts) as f:
                 rollouts = [json.loads(line) for line in f if line.strip()]
         self.rollouts = list(rollouts or [])
+        need = {"split", "index", "kind", "handover", "controls"}
+        bad = [i for i, r in enumerate(self.rollouts) if not need <= set(r) or not r["controls"]]
+        if bad:
+            raise InvalidInputError(f"rollout rows {bad[:5]} lack one of {sorted(need)} or have no controls")
         if not 0.0 <= rollout_fraction <= 1.0:
             raise InvalidInputError(f"rollout_fraction must be in [0, 1], got {rollout_fraction}")
         self.rollout_fraction = float(rollout_fraction)
