@@ -20,11 +20,31 @@ python -m mmspec.vision.testbed train --out "$W/phase2" --init "$W/phase1" --siz
 python -m mmspec.vision.testbed train --out "$W/phase2" --size small --steps 2000 \
     --warmup 50 --batch-size 8 --lr 7e-4 --read-weight 0.5 --locate-weight 0.5 \
     --track-weight 0.5 --docs-fraction 0.75 --save-every 100 --workload-options "$MIX"
-python -m mmspec.vision.testbed export --model "$W/phase2" --out "$HERE/testbed-vlm"
+# Phase 3: from phase 2, 800 steps of a 4000-step schedule at lr 5e-4 (pages and blocks, 60% docs).
+python -m mmspec.vision.testbed train --out "$W/phase3" --init "$W/phase2" --size small --steps 4000 \
+    --stop-after 800 --warmup 50 --batch-size 8 --lr 5e-4 --read-weight 0.5 --locate-weight 0.5 \
+    --track-weight 0.5 --docs-fraction 0.6 --save-every 100 --workload-options "$MIX"
+# Phases 4-6, a reading curriculum: single wrapped lines of a paragraph (336 x 56-84 px crops, ~7 tokens), batch
+# 16, docs only; 1500 + 800 + 4000 steps, each a fresh schedule from the last (~1.15 s per step at one thread).
+LINES='{"docs": {"mode": "line"}, "charts": {}}'
+prev="$W/phase3"
+for spec in phase4:1500 phase5:800 phase6:4000; do
+  python -m mmspec.vision.testbed train --out "$W/${spec%%:*}" --init "$prev" --size small --steps "${spec##*:}" \
+      --warmup 50 --batch-size 16 --lr 5e-4 --read-weight 0.5 --locate-weight 0.5 --track-weight 0.5 \
+      --docs-fraction 1.0 --save-every 100 --workload-options "$LINES"
+  prev="$W/${spec%%:*}"
+done
+# Phase 7: lines, blocks and pages (40 / 40 / 20%) with charts (a fifth of the items), 3000 steps at batch 8
+# (~2.1 s per step at one thread), so line reading carries across line breaks.
+python -m mmspec.vision.testbed train --out "$W/phase7" --init "$W/phase6" --size small --steps 3000 \
+    --warmup 50 --batch-size 8 --lr 5e-4 --read-weight 0.5 --locate-weight 0.5 --track-weight 0.5 \
+    --docs-fraction 0.8 --save-every 100 \
+    --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.4, "block_fraction": 0.4}, "charts": {}}'
+python -m mmspec.vision.testbed export --model "$W/phase7" --out "$HERE/testbed-vlm"
 python -m mmspec.vision.testbed eval --model "$HERE/testbed-vlm" --n 24 --grounding
 # The EAGLE head, trained against the exported (bfloat16-rounded) target.
-mmspec train --kind eagle --target "$HERE/testbed-vlm" --workload docs,charts --n-train 480 --max-new-tokens 192 \
-    --steps 800 --batch-size 8 --lr 3e-3 --num-draft-tokens 5 --ttt-steps 4 --out "$W/eagle"
+mmspec train --kind eagle --target "$HERE/testbed-vlm" --workload docs,charts --n-train 2400 --max-new-tokens 192 \
+    --steps 1200 --batch-size 8 --lr 3e-3 --num-draft-tokens 5 --ttt-steps 4 --out "$W/eagle"
 python - "$W/eagle" "$HERE/testbed-vlm-eagle" <<'PY'
 import sys, torch
 from mmspec.drafters import EagleDrafter
