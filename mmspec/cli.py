@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="output folder")
     t.add_argument("--save-every", type=int, default=100, help="checkpoint period in steps (0: final only)")
     t.add_argument("--shard-size", type=int, default=16, help="records per data shard")
+    t.add_argument("--val-shards", type=int, default=0,
+                   help="hold the last N data shards out of training and score the drafter on them at every "
+                        "checkpoint (OUT/val_log.jsonl)")
     t.add_argument("--split", default="train")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
@@ -177,6 +180,7 @@ def _train(args) -> int:
                       batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
                       ttt=not args.no_ttt, ttt_steps=args.ttt_steps, save_every=args.save_every,
                       shard_size=args.shard_size, num_draft_tokens=args.num_draft_tokens, resume=args.resume,
+                      val_shards=args.val_shards,
                       seed=args.seed, split=args.split, threads=args.threads, progress=not args.no_progress)
     {"all": train, "data": collect_data, "fit": fit}[args.stage](cfg)
     return 0

@@ -172,6 +172,27 @@ def test_train_saves_lossless_drafter(data_dir, tmp_path, pipe):
         assert torch.equal(got.sequences, ref), w
 
 
+def test_held_out_shards_are_not_trained_on_and_are_scored(data_dir, tmp_path):
+    """``val_shards=1``: the last shard never reaches the optimiser, and every checkpoint and the end write the
+    head's loss and top-1 per unrolled step on it to ``val_log.jsonl``; holding out every shard is refused."""
+    from mmspec.train import ShardStream
+
+    out = _with_data(data_dir, tmp_path)
+    stream = ShardStream(str(out / "data"), holdout=1)
+    assert len(stream.paths) == 1 and len(stream.held_out) == 1 and stream.held_out[0].endswith("00001.safetensors")
+    held = {tuple(r["tokens"].tolist()) for r in read_shard(stream.held_out[0])}
+    seen = set()
+    for _, rec in zip(range(6), stream):  # three epochs of the one training shard
+        seen.add(tuple(rec["tokens"].tolist()))
+    assert seen and not seen & held
+    fit(_cfg(out, val_shards=1))
+    val = [json.loads(line) for line in (out / "val_log.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [2, 3] and all(v["records"] == 2 for v in val)
+    assert all(len(v["acc"]) == 4 and all(0.0 <= a <= 1.0 for a in v["acc"]) and v["loss"][0] > 0 for v in val)
+    with pytest.raises(InvalidInputError, match="cannot hold out 2 of 2 shards"):
+        fit(_cfg(_with_data(data_dir, tmp_path / "b"), val_shards=2))
+
+
 def test_resume_continues_step_count(data_dir, tmp_path):
     out = _with_data(data_dir, tmp_path)
     fit(_cfg(out, steps=4, save_every=2, lr=1e-2))
@@ -199,9 +220,10 @@ def test_cli_train_end_to_end(tmp_path, pipe):
     out = tmp_path / "cli"
     rc = main(["train", "--kind", "eagle", "--target", tiny_vlm_path(), "--workload", "docs,charts", "--n-train", "2",
                "--max-new-tokens", "4", "--steps", "2", "--batch-size", "2", "--shard-size", "1", "--out", str(out),
-               "--no-progress"])
+               "--val-shards", "1", "--no-progress"])
     assert rc == 0
     assert (out / "data" / "shard-00001.safetensors").is_file() and (out / "train_log.jsonl").is_file()
+    assert json.loads((out / "val_log.jsonl").read_text().splitlines()[-1])["records"] == 1
     make_drafter(f"eagle:{out}", pipe.model)
 
 
