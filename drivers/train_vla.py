@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mmspec.drafters.eagle import warmup_cosine
+from mmspec.errors import InvalidInputError
 from mmspec.train import add_config_arguments, trim_log
 from mmspec.vision.testbed import PatchReader
 from mmspec.workloads import get_workload
@@ -130,6 +131,7 @@ class RoadReader(torch.nn.Module):
 
     def __init__(self, hidden: int, n_out: int = len(LOOKAHEAD_M)):
         super().__init__()
+        assert n_out == len(ROAD_SCALE_M), "one target scale per look-ahead distance"
         self.query = torch.nn.Parameter(torch.randn(n_out, hidden) * hidden ** -0.5)
         self.key = torch.nn.Linear(hidden, hidden)
         self.value = torch.nn.Linear(hidden, hidden)
@@ -235,9 +237,12 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     start = 0
     if resume:
         saved = torch.load(state_path, weights_only=True)
+        if (road_reader is not None) != ("road_reader" in saved):
+            raise InvalidInputError(f"{cfg.out} was trained with{'out' if road_reader is not None else ''} the road "
+                                    "loss: resume it with the road_weight it started with")
         opt.load_state_dict(saved["optimizer"])
         reader.load_state_dict(saved["reader"])
-        if road_reader is not None and "road_reader" in saved:
+        if road_reader is not None:
             road_reader.load_state_dict(saved["road_reader"])
         start = int(saved["step"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
@@ -414,7 +419,16 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
 def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int = 0):
     """A ``simulate`` policy in which ``pipe`` (a :class:`~mmspec.drivers.pipeline.DrivingPipeline`) drives: the
     expert before ``handover_tick`` (history for the model), then a plan from the current frames and ego history
-    every ``replan_every`` ticks, whose (accel, curvature) steps the ego executes."""
+    every ``replan_every`` ticks, whose (accel, curvature) steps the ego executes.
+
+    Example:
+        >>> from mmspec.drivers.pipeline import DrivingPipeline                      # doctest: +SKIP
+        >>> from mmspec.drivers.world import scenario_for, simulate, safety_events  # doctest: +SKIP
+        >>> pipe = DrivingPipeline(DrivingVLA.from_pretrained(bundled_vla()))      # doctest: +SKIP
+        >>> sim = simulate(scenario_for("test", 0, 0, "cruise"), 8.0, model_policy(pipe))  # doctest: +SKIP
+        >>> safety_events(sim, 20)["offroad"]                                       # doctest: +SKIP
+        False
+    """
     from .clips import HISTORY_TICKS
     from .world import render_frame, to_ego_frame
 
@@ -441,9 +455,9 @@ def collect_rollouts(vla: DrivingVLA, path: str, n: int = 120, seconds: float = 
                      replan_every: int = 5, split: str = "train", first_index: int = 20_000, seed: int = 0,
                      progress: bool = True) -> list:
     """DAgger's data: let ``vla`` drive ``n`` scenarios of ``split`` (all kinds in turn, indices from
-    ``first_index``) and append each drive to the JSONL file ``path`` (``split``, ``index``, ``kind``,
-    ``handover``, the executed ``controls`` from the hand-over on, and the drive's safety events). Rows already
-    in the file are kept and skipped (a killed job resumes). Train on them with ``VLATrainConfig.rollouts``:
+    ``first_index``) and append each drive to the JSONL file ``path`` (``split``, world ``seed``, ``index``,
+    ``kind``, ``handover``, the executed ``controls`` from the hand-over on, and the drive's safety events).
+    Drives already in the file are kept and not driven again (a killed job resumes); returns this range's rows. Train on them with ``VLATrainConfig.rollouts``:
     the workload replays a drive to a tick inside it and labels the state with the expert's recovery.
 
     Example:
@@ -454,23 +468,34 @@ def collect_rollouts(vla: DrivingVLA, path: str, n: int = 120, seconds: float = 
     from .pipeline import DrivingPipeline
     from .world import SCENARIO_KINDS, safety_events, scenario_for, simulate
 
-    rows = []
+    from .workload import load_rollouts
+    from .world import INCIDENTS
+
+    if seconds <= handover_tick * DT:
+        raise InvalidInputError(f"a drive of {seconds} s ends before the hand-over at tick {handover_tick}")
+    key = lambda r: (r["split"], r.get("seed", 0), r["index"], r["handover"])  # noqa: E731
+    done = {}
     if os.path.isfile(path):
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    done = {r["index"] for r in rows}
+        done = {key(r): r for r in load_rollouts(path)}
+        with open(path, "rb+") as f:  # drop a row cut short by a killed job, so appended rows start on a line
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
     pipe = DrivingPipeline(vla)
+    rows = []
     for i in tqdm(range(n), disable=not progress, desc="rollouts"):
         index = first_index + i
-        if index in done:
+        want = (split, seed, index, handover_tick)
+        if want in done:
+            rows.append(done[want])
             continue
         kind = SCENARIO_KINDS[i % len(SCENARIO_KINDS)]
         sim = simulate(scenario_for(split, index, seed, kind), seconds,
                        model_policy(pipe, handover_tick, replan_every, seed))
         ev = safety_events(sim, handover_tick)
-        row = {"split": split, "index": index, "kind": kind, "handover": handover_tick,
+        row = {"split": split, "seed": seed, "index": index, "kind": kind, "handover": handover_tick,
                "controls": [[round(a, 5), round(c, 6)] for a, c in sim.controls[handover_tick:]],
-               "events": {k: bool(ev[k]) for k in ("collision", "offroad", "red_light")}}
+               "events": {k: bool(ev[k]) for k in INCIDENTS}}
         rows.append(row)
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -490,7 +515,8 @@ def _parse(sentence: str):
 
 
 def main(argv=None) -> int:
-    """``python -m mmspec.drivers.train_vla train|eval ...``: train or evaluate the driving VLA."""
+    """``python -m mmspec.drivers.train_vla train|export|rollouts|eval ...``: train, export, record DAgger drives
+    of, or evaluate the driving VLA."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m mmspec.drivers.train_vla")
@@ -528,8 +554,6 @@ def main(argv=None) -> int:
         return 0
     model = args.model or bundled_vla()
     if not model:
-        from mmspec.errors import InvalidInputError
-
         raise InvalidInputError("no VLA bundled: pass --model PATH")
     vla = DrivingVLA.from_pretrained(model)
     print(json.dumps(evaluate_vla(vla, n=args.n, samples=args.samples)))

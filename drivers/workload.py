@@ -22,10 +22,12 @@ from mmspec.errors import InvalidInputError
 from mmspec.workloads import Example, SeededWorkload
 
 from .clips import FUTURE_TICKS, sample_at
-from .world import (CAMERAS, DT, SCENARIO_KINDS, perturbed_expert, render_frame, road_ahead, safety_events,
-                    scenario_for, simulate)
+from .world import (CAMERAS, DT, SCENARIO_KINDS, any_incident, perturbed_expert, render_frame, road_ahead,
+                    safety_events, scenario_for, simulate)
 
-__all__ = ["DrivingWorkload", "history_text", "driving_prompt"]
+__all__ = ["DrivingWorkload", "history_text", "driving_prompt", "load_rollouts", "check_rollouts"]
+
+ROLLOUT_KEYS = ("split", "index", "kind", "handover", "controls")
 
 
 def history_text(history: np.ndarray, speed: float) -> str:
@@ -62,12 +64,13 @@ class DrivingWorkload(SeededWorkload):
             off the road or through a red light keep the expert's own lead-in. Drawn only when > 0, so the
             default items are unchanged.
         rollouts: DAgger data: the model's own closed-loop drives (rows of :func:`~mmspec.drivers.train_vla.
-            collect_rollouts`, or the path of their JSONL file). A share ``rollout_fraction`` of the items replays
-            one of them up to a tick drawn inside it and cuts the sample there: the frames and history are the
-            states the model drove itself into, the future is the expert's recovery from them. Rows are replayed
-            in the scenario they were driven in (its split and index); a tick whose recovery still crashes, leaves
-            the road or runs a red light is moved halfway back to the hand-over (three times at most), then the
-            expert's own lead-in is kept.
+            collect_rollouts`, or the path of their JSONL file, read by :func:`load_rollouts`). A share
+            ``rollout_fraction`` of the items of a split replays one of that split's drives up to a tick drawn
+            inside it and cuts the sample there: the frames and history are the states the model drove itself
+            into, the future is the expert's recovery from them. A drive is replayed in the scenario it was
+            driven in (split, index, kind and world seed of the row); a tick whose recovery still crashes,
+            leaves the road or runs a red light is moved halfway back towards the hand-over (at most twice),
+            and if that fails too the item is an ordinary one (the expert drives its own scenario).
         rollout_fraction: share of items drawn from ``rollouts`` (when given).
         seed: mixed into every item's seed.
     """
@@ -95,20 +98,10 @@ class DrivingWorkload(SeededWorkload):
         if not 0.0 <= perturb <= 1.0:
             raise InvalidInputError(f"perturb must be in [0, 1], got {perturb}")
         self.perturb = float(perturb)
-        if isinstance(rollouts, str):
-            import json
-            import os
-
-            if not os.path.isfile(rollouts):
-                raise InvalidInputError(f"no rollouts file at {rollouts!r} (write one with `python -m "
-                                        "mmspec.drivers.train_vla rollouts --model M --out FILE`)")
-            with open(rollouts) as f:
-                rollouts = [json.loads(line) for line in f if line.strip()]
-        self.rollouts = list(rollouts or [])
-        need = {"split", "index", "kind", "handover", "controls"}
-        bad = [i for i, r in enumerate(self.rollouts) if not need <= set(r) or not r["controls"]]
-        if bad:
-            raise InvalidInputError(f"rollout rows {bad[:5]} lack one of {sorted(need)} or have no controls")
+        rows = load_rollouts(rollouts) if isinstance(rollouts, str) else check_rollouts(list(rollouts or []))
+        self.rollouts = {}
+        for row in rows:
+            self.rollouts.setdefault(row["split"], []).append(row)
         if not 0.0 <= rollout_fraction <= 1.0:
             raise InvalidInputError(f"rollout_fraction must be in [0, 1], got {rollout_fraction}")
         self.rollout_fraction = float(rollout_fraction)
@@ -119,29 +112,29 @@ class DrivingWorkload(SeededWorkload):
         scn = scenario_for(split, index, self.seed, kind)
         seconds = (tick + FUTURE_TICKS + 1) * DT
         sim, replayed = None, False
-        if self.rollouts and rng.random() < self.rollout_fraction:
-            row = self.rollouts[rng.randrange(len(self.rollouts))]
-            scn = scenario_for(row["split"], row["index"], self.seed, row["kind"])
+        rows = self.rollouts.get(split)
+        if rows and rng.random() < self.rollout_fraction:
+            row = rows[rng.randrange(len(rows))]
             handover, controls = int(row["handover"]), row["controls"]
-            tick = handover + 1 + rng.randrange(max(1, len(controls) - 1))
+            replay_scn = scenario_for(row["split"], row["index"], row.get("seed", self.seed), row["kind"])
+            replay_tick = handover + 1 + rng.randrange(max(1, len(controls) - 1))
             for _ in range(3):
-                sim = simulate(scn, (tick + FUTURE_TICKS + 1) * DT, _replay(handover, tick, controls))
-                ev = safety_events(sim)
-                if not (ev["collision"] or ev["offroad"] or ev["red_light"]) and sim.ticks > tick + FUTURE_TICKS:
+                sim = simulate(replay_scn, (replay_tick + FUTURE_TICKS + 1) * DT,
+                               _replay(handover, replay_tick, controls))
+                if not any_incident(safety_events(sim)) and sim.ticks > replay_tick + FUTURE_TICKS:
                     break
-                tick, sim = handover + (tick - handover) // 2, None
-            if sim is None:
-                scn = scenario_for(split, index, self.seed, kind)
-                tick = 20 + rng.randrange(21)
-            replayed = sim is not None
-            seconds = (tick + FUTURE_TICKS + 1) * DT
+                sim, replay_tick = None, handover + (replay_tick - handover) // 2
+                if replay_tick <= handover:
+                    break
+            if sim is not None:
+                scn, tick, replayed = replay_scn, replay_tick, True
+                seconds = (tick + FUTURE_TICKS + 1) * DT
         if sim is None and self.perturb and rng.random() < self.perturb:
             lead_in = rng.randint(10, 25)
             policy = perturbed_expert(tick - lead_in, tick, rng.uniform(-1.5, 1.5),
                                       rng.choice((-1, 1)) * rng.uniform(0.005, 0.02))
             sim = simulate(scn, seconds, policy)
-            ev = safety_events(sim)
-            if ev["collision"] or ev["offroad"] or ev["red_light"] or sim.ticks <= tick + FUTURE_TICKS:
+            if any_incident(safety_events(sim)) or sim.ticks <= tick + FUTURE_TICKS:
                 sim = None  # an unrecoverable perturbation would teach the crash
         perturbed = sim is not None and not replayed
         sim = sim or simulate(scn, seconds)
@@ -169,3 +162,44 @@ def _replay(start: int, stop: int, controls):
         return tuple(controls[k - start]) if start <= k < stop else None
 
     return policy
+
+
+def check_rollouts(rows: list) -> list:
+    """Validate DAgger rows (see :func:`~mmspec.drivers.train_vla.collect_rollouts`) and sort them by split, world
+    seed and index, so the items drawn from them do not depend on the order the drives were recorded in.
+
+    Example:
+        >>> check_rollouts([{"split": "train", "index": 3, "kind": "cruise", "handover": 20, "controls": [[0, 0]]},
+        ...                 {"split": "train", "index": 1, "kind": "cruise", "handover": 20, "controls": [[0, 0]]}])[0]["index"]
+        1
+    """
+    bad = [i for i, r in enumerate(rows) if not set(ROLLOUT_KEYS) <= set(r) or not r["controls"]]
+    if bad:
+        raise InvalidInputError(f"rollout rows {bad[:5]} lack one of {list(ROLLOUT_KEYS)} or have no controls")
+    return sorted(rows, key=lambda r: (r["split"], r.get("seed", 0), r["index"]))
+
+
+def load_rollouts(path: str) -> list:
+    """The rows of a rollouts JSONL file, checked and sorted (:func:`check_rollouts`). A last line cut short by
+    a killed writer is dropped; any other unreadable line is an error.
+
+    Example:
+        >>> load_rollouts("rollouts.jsonl")                                    # doctest: +SKIP
+    """
+    import json
+    import os
+
+    if not os.path.isfile(path):
+        raise InvalidInputError(f"no rollouts file at {path!r} (write one with `python -m "
+                                "mmspec.drivers.train_vla rollouts --model M --out FILE`)")
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and not line.endswith("\n"):
+                break  # the row being written when the job died
+            raise InvalidInputError(f"{path}: line {i + 1} is not JSON") from None
+    return check_rollouts(rows)

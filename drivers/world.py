@@ -38,8 +38,7 @@ from mmspec.workloads import seed_for
 
 __all__ = ["Road", "Scenario", "SimResult", "Hazard", "make_scenario", "simulate", "render_frame", "hazard_at",
            "reasoning_text", "to_ego_frame", "scenario_for", "safety_events", "SCENARIO_KINDS", "LABELS", "DT",
-           "LANE_WIDTH", "CAMERAS", "perturbed_expert",
-           "road_ahead", "LOOKAHEAD_M"]
+           "LANE_WIDTH", "CAMERAS", "perturbed_expert", "road_ahead", "LOOKAHEAD_M", "INCIDENTS", "any_incident"]
 
 DT = 0.1  # 10 Hz, as the driving VLAs tick
 LANE_WIDTH = 3.5
@@ -307,8 +306,8 @@ LOOKAHEAD_M = (5.0, 10.0, 20.0, 30.0)
 
 
 def road_ahead(sim: SimResult, tick: int, distances=LOOKAHEAD_M) -> np.ndarray:
-    """Where the road's centreline lies ``distances`` metres ahead (along the road) of the ego at ``tick``:
-    its lateral position in the ego frame (metres, left positive), one per distance.
+    """Where the centre of the ego's lane (the line the expert tracks) lies ``distances`` metres ahead (along the
+    road) of the ego at ``tick``: its lateral position in the ego frame (metres, left positive), one per distance.
 
     Why: these numbers fold the ego's lateral offset, heading error and the road's curvature into what a
     steering controller needs (the expert steers for the point ``max(6, 1.2 v)`` m ahead); a VLA is trained to
@@ -346,6 +345,19 @@ def perturbed_expert(start: int, stop: int, accel_offset: float, curvature_offse
         return acc + accel_offset, max(-MAX_CURVATURE, min(MAX_CURVATURE, curv + curvature_offset))
 
     return policy
+
+
+INCIDENTS = ("collision", "offroad", "red_light")
+
+
+def any_incident(events: dict) -> bool:
+    """Whether :func:`safety_events` found a collision, a road departure or a red light run.
+
+    Example:
+        >>> any_incident({"collision": False, "offroad": True, "red_light": False, "progress_m": 3.0})
+        True
+    """
+    return any(bool(events[k]) for k in INCIDENTS)
 
 
 def safety_events(sim: SimResult, from_tick: int = 0) -> dict:
