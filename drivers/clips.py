@@ -25,7 +25,7 @@ import numpy as np
 from .world import (DT, Hazard, SimResult, hazard_at, reasoning_text, render_frame, scenario_for, simulate,
                     to_ego_frame)
 
-__all__ = ["Clip", "write_clip", "load_clip", "sample_at", "write_video", "read_video", "HISTORY_TICKS",
+__all__ = ["Clip", "write_clip", "load_clip", "sample_at", "ego_history", "write_video", "read_video", "HISTORY_TICKS",
            "FUTURE_TICKS", "FRAMES_PER_CAMERA"]
 
 HISTORY_TICKS = 16  # 1.6 s of ego history (Alpamayo: 16 history trajectory tokens)
@@ -117,6 +117,21 @@ def load_clip(prefix: str) -> Clip:
     return Clip(meta["clip_id"], frames, ego, ego_s, controls, hazards, meta)
 
 
+def ego_history(ego, tick: int) -> np.ndarray:
+    """``[HISTORY_TICKS, 3]``: the ego's past x, y and yaw in its own frame at ``tick`` (oldest first, ending one
+    tick before); ``ego`` is the world-frame ``(x, y, yaw, speed)`` per tick. What samples and a driving model in
+    closed loop both see, from one function.
+
+    Example:
+        >>> ego = np.array([[k * 1.0, 0.0, 0.0, 10.0] for k in range(20)])
+        >>> ego_history(ego, 17)[-1].tolist()
+        [-1.0, 0.0, 0.0]
+    """
+    ego = np.asarray(ego)
+    pose, hist = ego[tick], ego[tick - HISTORY_TICKS: tick]
+    return np.c_[to_ego_frame(hist[:, :2], pose), (hist[:, 2] - pose[2] + np.pi) % (2 * np.pi) - np.pi]
+
+
 def sample_at(source, tick: int, cameras=("front",), size=(224, 112)) -> dict:
     """One sample at ``tick`` from a :class:`Clip` (decoded frames) or a :class:`SimResult` (rendered now).
 
@@ -132,8 +147,7 @@ def sample_at(source, tick: int, cameras=("front",), size=(224, 112)) -> dict:
         raise ValueError(f"tick {tick} needs {HISTORY_TICKS} ticks of history and {FUTURE_TICKS} of future "
                          f"in a clip of {len(ego)} ticks")
     pose = ego[tick]
-    hist = ego[tick - HISTORY_TICKS: tick]
-    history = np.c_[to_ego_frame(hist[:, :2], pose), (hist[:, 2] - pose[2] + np.pi) % (2 * np.pi) - np.pi]
+    history = ego_history(ego, tick)
     future = to_ego_frame(ego[tick + 1: tick + 1 + FUTURE_TICKS, :2], pose)
     ticks = range(tick - FRAMES_PER_CAMERA + 1, tick + 1)
     if isinstance(source, SimResult):

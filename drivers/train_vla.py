@@ -429,8 +429,8 @@ def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int
         >>> safety_events(sim, 20)["offroad"]                                       # doctest: +SKIP
         False
     """
-    from .clips import HISTORY_TICKS
-    from .world import render_frame, to_ego_frame
+    from .clips import ego_history
+    from .world import render_frame
 
     plan = {}
 
@@ -438,11 +438,9 @@ def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int
         if k < handover_tick:
             return None
         if (k - handover_tick) % replan_every == 0:
-            pose = sim.ego[k]
-            hist = np.stack(sim.ego[k - HISTORY_TICKS: k])
-            history = np.c_[to_ego_frame(hist[:, :2], pose), (hist[:, 2] - pose[2] + np.pi) % (2 * np.pi) - np.pi]
             frames = [render_frame(sim, t) for t in range(k - 3, k + 1)]
-            plan["actions"] = pipe.step(frames, history, float(pose[3]), seed=seed + k)["actions"][0]
+            plan["actions"] = pipe.step(frames, ego_history(sim.ego, k), float(sim.ego[k][3]),
+                                        seed=seed + k)["actions"][0]
             plan["start"] = k
         a = plan["actions"][k - plan["start"]]
         return float(a[0]), float(a[1])
@@ -457,8 +455,9 @@ def collect_rollouts(vla: DrivingVLA, path: str, n: int = 120, seconds: float = 
     """DAgger's data: let ``vla`` drive ``n`` scenarios of ``split`` (all kinds in turn, indices from
     ``first_index``) and append each drive to the JSONL file ``path`` (``split``, world ``seed``, ``index``,
     ``kind``, ``handover``, the executed ``controls`` from the hand-over on, and the drive's safety events).
-    Drives already in the file are kept and not driven again (a killed job resumes); returns this range's rows. Train on them with ``VLATrainConfig.rollouts``:
-    the workload replays a drive to a tick inside it and labels the state with the expert's recovery.
+    Drives already in the file are kept and not driven again (a killed job resumes); returns this range's rows.
+    Train on them with ``VLATrainConfig.rollouts``: the workload replays a drive to a tick inside it and labels
+    the state with the expert's recovery.
 
     Example:
         >>> rows = collect_rollouts(DrivingVLA.from_pretrained("driving-vla"), "rollouts.jsonl", n=6)  # doctest: +SKIP
@@ -466,10 +465,8 @@ def collect_rollouts(vla: DrivingVLA, path: str, n: int = 120, seconds: float = 
     from tqdm import tqdm
 
     from .pipeline import DrivingPipeline
-    from .world import SCENARIO_KINDS, safety_events, scenario_for, simulate
-
     from .workload import load_rollouts
-    from .world import INCIDENTS
+    from .world import INCIDENTS, SCENARIO_KINDS, safety_events, scenario_for, simulate
 
     if seconds <= handover_tick * DT:
         raise InvalidInputError(f"a drive of {seconds} s ends before the hand-over at tick {handover_tick}")
@@ -546,7 +543,9 @@ def main(argv=None) -> int:
             torch.set_num_threads(args.threads)
         rows = collect_rollouts(DrivingVLA.from_pretrained(args.model), args.out, n=args.n,
                                 first_index=args.first_index)
-        bad = {k: sum(r["events"][k] for r in rows) for k in ("collision", "offroad", "red_light")}
+        from .world import INCIDENTS
+
+        bad = {k: sum(r["events"][k] for r in rows) for k in INCIDENTS}
         print(json.dumps({"rows": len(rows), **bad}))
         return 0
     if args.cmd == "export":

@@ -146,8 +146,8 @@ class DrivingWorkload(SeededWorkload):
             ticks = range(tick - len(images) // len(self.cameras) + 1, tick + 1)
             label_maps = [np.asarray(render_frame(sim, k, cam, self.size, labels=True)) for cam in self.cameras
                           for k in ticks]
-        meta = {"kind": scn.kind, "tick": tick, "perturbed": perturbed, "replayed": replayed, "history": sample["history"],
-                "speed": sample["speed"], "future": sample["future"], "actions": sample["actions"],
+        meta = {"kind": scn.kind, "tick": tick, "perturbed": perturbed, "replayed": replayed,
+                "history": sample["history"], "speed": sample["speed"], "future": sample["future"], "actions": sample["actions"],
                 "hazard_kind": h.kind, "hazard_distance": h.distance, "hazard_action": h.action}
         if self.labels and draw:
             meta["labels"] = label_maps

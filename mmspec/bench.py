@@ -390,6 +390,18 @@ def placeholder_token_ids(model) -> list[int]:
     return sorted(i for i in ids if isinstance(i, int) and i >= 0)
 
 
+def _lookup_depth(spec: str, tokens: int) -> str:
+    """``spec`` with ``num_draft_tokens=tokens`` added when it is a lookup drafter that does not set its depth.
+
+    Example:
+        >>> _lookup_depth("lookup;history_tokens=9", 10), _lookup_depth("eagle:/h", 10)
+        ('lookup;history_tokens=9;num_draft_tokens=10', 'eagle:/h')
+    """
+    if spec.split(";")[0] != "lookup" or "num_draft_tokens=" in spec:
+        return spec
+    return f"{spec};num_draft_tokens={tokens}"
+
+
 def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int) -> list[System]:
     """Turn validated system names into :class:`System` objects bound to ``model``.
 
@@ -414,9 +426,8 @@ def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int
             if base == "draft-model":
                 drafter = small
             else:  # every lookup, alone or in a union, drafts as deep as transformers' prompt lookup
-                drafter = make_drafter(UNION_SEP.join(
-                    p + (f";num_draft_tokens={cfg.lookup_tokens}" if p.split(";")[0] == "lookup"
-                         and "num_draft_tokens=" not in p else "") for p in base.split(UNION_SEP)), model)
+                drafter = make_drafter(UNION_SEP.join(_lookup_depth(p, cfg.lookup_tokens)
+                                                      for p in base.split(UNION_SEP)), model)
             budget = DepthBudget() if base != name else None
             systems.append(MMSpecSystem(name, model, max_new_tokens, drafter, budget))
     return systems
