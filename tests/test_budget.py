@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import mmspec
-from mmspec.budget import AcceptanceModel, CostModel, DepthBudget
+from mmspec.budget import AcceptanceModel, ConfidenceStop, CostModel, DepthBudget
+from mmspec.errors import InvalidInputError
 from mmspec.drafters import NoisyOracleDrafter
 from mmspec.tree import DraftTree
 
@@ -63,3 +64,34 @@ def test_generate_with_budget_is_lossless_and_cuts():
     assert torch.equal(out.sequences, ref)
     assert out.stats.drafted / out.stats.row_rounds < 6  # trees were cut
     assert budget.cost.n > 2 and budget.acceptance.trials[0] > 1000  # it kept learning
+
+
+def test_confidence_stop_parses_and_derives_its_threshold_from_measured_costs():
+    assert ConfidenceStop.parse(None) is None and ConfidenceStop.parse("none") is None
+    assert ConfidenceStop.parse(0) is None  # 0: never stop early
+    assert ConfidenceStop.parse("0.4").threshold() == 0.4
+    for bad in ("often", 1.0, -0.1):
+        with pytest.raises(InvalidInputError, match="min_confidence"):
+            ConfidenceStop.parse(bad)
+    now = [0.0]
+    stop = ConfidenceStop("auto", initial=0.25, decay=1.0, clock=lambda: now[0])
+    stop.new_run()
+    # Rounds of a fake clock: 2 drafter steps of 1.0 s, then verify 4 + 0.5 s per scored token, 2 tokens kept.
+    widths = [2, 3, 4, 5, 6] * 3
+    for i, w in enumerate(widths):
+        # the cost fit waits for 8 closed rounds (round i's start closes round i - 1)
+        assert (stop.threshold() == 0.25) == (i <= 8)
+        stop.draft_started()
+        now[0] += 2.0
+        stop.draft_done(steps=2, width=w)
+        now[0] += 4.0 + 0.5 * w
+        stop.committed(2.0)
+    stop.draft_started()  # closes the last round
+    seconds = sum(2.0 + 4.0 + 0.5 * w for w in widths)
+    want = (1.0 + 0.5) * (2.0 * len(widths)) / seconds  # (t_step + b) * rate
+    assert stop.threshold() == pytest.approx(want, rel=1e-6)
+    # A new request: the pause before it is not a round.
+    stop.new_run()
+    now[0] += 100.0
+    stop.draft_started()
+    assert stop.threshold() == pytest.approx(want, rel=1e-6)

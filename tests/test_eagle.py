@@ -292,3 +292,82 @@ def test_union_with_lookup_and_an_oracle_keeps_the_head_in_step(perm):
                                         {"pre": 2, "images": [(28, 56), (56, 28)], "post": 3}])
     ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
     assert torch.equal(mmspec.generate(model, inputs, drafter=vl, max_new_tokens=NEW).sequences, ref)
+
+
+# --------------------------------------------------------------------------- early stop on the head's confidence
+def _spied(drafter):
+    seen, orig = [], drafter.propose
+
+    def spy(ctx):
+        trees = orig(ctx)
+        seen.extend(trees)
+        return trees
+
+    drafter.propose = spy
+    return seen
+
+
+@pytest.mark.parametrize("topk,nodes", [(1, None), (3, 8)])
+def test_min_confidence_shortens_drafts_and_stays_exact(perm, topk, nodes):
+    """A threshold on the head's cumulative probability drops its unsure drafts (fewer head steps, fewer
+    verified tokens per round); the output stays exactly the target's, at batch 1 and batch 3 with an eos."""
+    from mmspec.budget import ConfidenceStop
+
+    target, _, trained, _ = perm
+    three = _left_pad(_prompts(3, seed=12, lo=4, hi=12))
+    eos = _eos_mid(target, three)
+    ref = target.generate(**three, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
+    one = _left_pad(_prompts(1, seed=11))
+    ref1 = target.generate(**one, max_new_tokens=NEW, do_sample=False)
+    trained.topk, trained.tree_nodes = topk, nodes
+    sizes = {}
+    try:
+        for thr in (None, 0.9):
+            trained.stop = ConfidenceStop.parse(thr)
+            seen = _spied(trained)
+            out = mmspec.generate(target, three, drafter=trained, max_new_tokens=NEW, eos_token_id=eos)
+            assert torch.equal(out.sequences, ref), thr
+            assert torch.equal(mmspec.generate(target, one, drafter=trained, max_new_tokens=NEW).sequences, ref1)
+            del trained.propose
+            sizes[thr] = [len(t) for t in seen]
+    finally:
+        trained.topk, trained.tree_nodes, trained.stop = 1, None, None
+        trained.__dict__.pop("propose", None)
+    full = nodes or trained.num_draft_tokens
+    assert max(sizes[None]) == full
+    cut = sizes[0.9]
+    assert min(cut) < full and max(cut) > 0 and sum(cut) / len(cut) < 0.9 * full, cut
+
+
+def test_min_confidence_auto_learns_a_threshold_and_saves(perm, tmp_path):
+    """``auto`` starts from its initial guess, then derives the threshold from the rounds it timed; the
+    choice is saved with the head and can be overridden from the registry spec."""
+    target, _, trained, held = perm
+    trained.save_pretrained(tmp_path / "h")
+    auto = make_drafter(f"eagle:{tmp_path / 'h'};min_confidence=auto", target)
+    assert auto.stop is not None and auto.stop.auto and auto.stop.threshold() == auto.stop.initial
+    ref = target.generate(**held, max_new_tokens=NEW, do_sample=False)
+    for _ in range(3):
+        assert torch.equal(mmspec.generate(target, held, drafter=auto, max_new_tokens=NEW).sequences, ref)
+    thr = auto.stop.threshold()
+    assert auto.stop.cost.n >= 8 and 0.01 <= thr <= 0.9 and thr != auto.stop.initial
+    auto.save_pretrained(tmp_path / "auto")
+    again = EagleDrafter.from_pretrained(tmp_path / "auto", target=target)
+    assert again.stop.auto and again.config_dict()["min_confidence"] == "auto"
+    assert make_drafter(f"eagle:{tmp_path / 'auto'};min_confidence=none", target).stop is None
+    assert make_drafter(f"eagle:{tmp_path / 'auto'};min_confidence=0.4", target).stop.threshold() == 0.4
+    assert EagleDrafter.from_pretrained(tmp_path / "h", target=target).stop is None  # saved without one
+    with pytest.raises(mmspec.InvalidInputError, match="min_confidence"):
+        make_drafter(f"eagle:{tmp_path / 'h'};min_confidence=sometimes", target)
+
+
+def test_min_confidence_on_qwen2_vl_batch():
+    model = T.build("qwen2_vl")
+    drafter = EagleDrafter.from_target(model, seed=0, min_confidence=0.02)
+    inputs = T.make_inputs("qwen2_vl", [{"pre": 3, "images": [(56, 56)], "post": 5},
+                                        {"pre": 2, "images": [(28, 56), (56, 28)], "post": 3}])
+    ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    seen = _spied(drafter)
+    out = mmspec.generate(model, inputs, drafter=drafter, max_new_tokens=NEW)
+    assert torch.equal(out.sequences, ref)
+    assert min(len(t) for t in seen) < drafter.num_draft_tokens

@@ -31,7 +31,7 @@ import torch
 
 import mmspec
 from mmspec.acceptance import AcceptResult, SpeculativeSamplingRule
-from mmspec.drafters import Drafter, NoisyOracleDrafter, UnionDrafter
+from mmspec.drafters import Drafter, EagleDrafter, NoisyOracleDrafter, UnionDrafter
 from mmspec.tree import DraftTree
 
 from _chisq import chisq_pvalue
@@ -220,6 +220,10 @@ CONFIGS = {
     "union-stoch-chain-det-tree-T1": (lambda cond, model: UnionDrafter([table(CHAIN3, True)(cond, model),
                                                                         table(TREE, False)(cond, model)]),
                                       4, {}, 3, 2048),
+    # An EAGLE head (untrained: its softmax is far from the target's) sampling a chain that stops at the
+    # first draft below a cumulative probability of 0.15: the stopping rule must not bias the law.
+    "eagle-stoch-chain-min-confidence": (lambda cond, model: EagleDrafter.from_target(
+        model, seed=0, num_draft_tokens=3, min_confidence=0.15), 4, {}, 3, 2048),
 }
 # A repetition penalty holds per-row state (the prompt's padding lengths), so mmspec scores each node in a
 # full-batch processor call: cost grows with batch**2, hence the small batches.

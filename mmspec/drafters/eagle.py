@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..budget import ConfidenceStop
 from ..errors import InvalidInputError
 from ..tree import DraftTree
 from .base import DraftContext, RoundResult
@@ -157,6 +158,9 @@ class EagleDrafter(TrainableDrafter):
         topk: branching of the dynamic tree (1: a chain).
         tree_nodes: nodes kept in the final tree (``None``: ``num_draft_tokens * topk``).
         num_heads, intermediate_size, rms_eps, rope_theta: the decoder layer's shape.
+        min_confidence: stop drafting at the first draft whose cumulative head probability falls below
+            this (``"auto"``: derived from measured costs; ``None``: always full depth); see
+            :class:`~mmspec.budget.ConfidenceStop`. Lossless either way.
         fingerprint: the target's fingerprint (set by :meth:`from_target` / ``from_pretrained``).
     """
 
@@ -165,7 +169,7 @@ class EagleDrafter(TrainableDrafter):
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1, 1, 1), num_draft_tokens: int = 4,
                  topk: int = 1, tree_nodes: int | None = None, num_heads: int | None = None,
                  intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
-                 fingerprint: dict | None = None):
+                 min_confidence: float | str | None = None, fingerprint: dict | None = None):
         super().__init__(fingerprint=fingerprint)
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1 (got {num_draft_tokens})")
@@ -185,6 +189,7 @@ class EagleDrafter(TrainableDrafter):
         self.num_heads = int(num_heads)
         self.intermediate_size = int(intermediate_size or 2 * H)
         self.rms_eps, self.rope_theta = float(rms_eps), float(rope_theta)
+        self.stop = ConfidenceStop.parse(min_confidence)
         self.embed_tokens = nn.Embedding(self.vocab_size, H)
         self.lm_head = nn.Linear(H, self.vocab_size, bias=False)
         self.embed_tokens.weight.requires_grad_(False)
@@ -205,7 +210,7 @@ class EagleDrafter(TrainableDrafter):
         return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "layer_ids": list(self.layer_ids),
                 "num_draft_tokens": self.num_draft_tokens, "topk": self.topk, "tree_nodes": self.tree_nodes,
                 "num_heads": self.num_heads, "intermediate_size": self.intermediate_size, "rms_eps": self.rms_eps,
-                "rope_theta": self.rope_theta}
+                "rope_theta": self.rope_theta, "min_confidence": None if self.stop is None else self.stop.spec()}
 
     @classmethod
     def from_target(cls, target, tokenizer=None, layer_ids=None, seed: int | None = None, **kw) -> "EagleDrafter":
@@ -270,6 +275,8 @@ class EagleDrafter(TrainableDrafter):
     @torch.no_grad()
     def begin(self, ctx: DraftContext) -> None:
         self._reset_run()
+        if self.stop is not None:
+            self.stop.new_run()
         fused = self.fuse_features(self._ctx_layers(ctx))  # [B, P_padded, H], prompts right-aligned
         H, hd = self.hidden_size, self.hidden_size // self.num_heads
         for b, (r, plen) in enumerate(zip(ctx.rows, ctx.prompt_lengths)):
@@ -357,18 +364,29 @@ class EagleDrafter(TrainableDrafter):
         the ``topk`` best nodes by cumulative log-probability are run through the head and each gets its
         ``topk`` best children; the ``tree_nodes`` best nodes overall form the tree (EAGLE-2's dynamic tree).
         With ``topk == 1`` it is a chain, sampled from the head's softmax (``q`` attached) when the target
-        samples; wider trees are deterministic proposals under both modes."""
+        samples; wider trees are deterministic proposals under both modes. With ``min_confidence`` set,
+        drafting stops at the first depth where every row's best candidate falls below the threshold and
+        such candidates are left out (:class:`~mmspec.budget.ConfidenceStop`)."""
         self._ingest(ctx)
+        if self.stop is not None:
+            self.stop.draft_started()
         (ck, cv, cvalid), root_logits, root_hid, root_pos = self._extend_cache(ctx)
         B, K, dev = len(ctx.rows), self.topk, root_logits.device
         depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
         sample_chain = ctx.do_sample and K == 1
+        log_thr = None if self.stop is None else self.stop.log_threshold()
         # Candidates, per row: token, cumulative log-probability, parent candidate (-1: the root), depth.
         if sample_chain:
             tok, q = self._sample(root_logits, ctx)
-            toks, scores, qs = [tok[:, None]], [torch.zeros(B, 1, device=dev)], [q[:, None]]
-        elif K == 1:  # a greedy chain needs no scores: argmax is cheaper than log-softmax + top-k
+            # Confidence of a sampled draft is its distribution's top probability, never the sampled token's
+            # own: keeping a draft because of which token came out would bias it away from q.
+            first = torch.zeros(B, 1, device=dev) if log_thr is None else q.max(-1, keepdim=True).values.log()
+            toks, scores, qs = [tok[:, None]], [first], [q[:, None]]
+        elif K == 1 and log_thr is None:  # a greedy chain needs no scores: argmax is cheaper than log-softmax
             toks, scores, qs = [root_logits.argmax(-1, keepdim=True)], [torch.zeros(B, 1, device=dev)], []
+        elif K == 1:
+            top = torch.log_softmax(root_logits, -1).max(-1, keepdim=True)
+            toks, scores, qs = [top.indices], [top.values], []
         else:
             top = torch.log_softmax(root_logits, -1).topk(K, dim=-1)
             toks, scores, qs = [top.indices], [top.values], []
@@ -382,7 +400,11 @@ class EagleDrafter(TrainableDrafter):
         all_tok = toks[0]
         if cvalid is None:
             cvalid = torch.ones(B, ck.shape[2], dtype=torch.bool, device=dev)
+        steps = 1
         for d in range(1, depth):
+            if log_thr is not None and bool((fwd_score < log_thr).all()):
+                break  # no row's best candidate is worth another step
+            steps += 1
             W = fwd.shape[1]
             allowed = None if (B == 1 and K == 1) else torch.cat(  # one chain row sees every key
                 [cvalid[:, None, :].expand(B, W, -1), anc, torch.eye(W, dtype=torch.bool, device=dev)[None].expand(B, W, W)],
@@ -393,9 +415,14 @@ class EagleDrafter(TrainableDrafter):
             tree_v.append(v)
             if sample_chain:
                 tok, q = self._sample(logits[:, 0], ctx)
-                child_tok, child_score, qs = tok[:, None, None], fwd_score[:, :, None], qs + [q[:, None]]
-            elif K == 1:
+                child_score = fwd_score[:, :, None] if log_thr is None else \
+                    fwd_score[:, :, None] + q.max(-1, keepdim=True).values.log()[:, None]
+                child_tok, qs = tok[:, None, None], qs + [q[:, None]]
+            elif K == 1 and log_thr is None:
                 child_tok, child_score = logits.argmax(-1, keepdim=True), fwd_score[:, :, None]
+            elif K == 1:
+                top = torch.log_softmax(logits, -1).max(-1, keepdim=True)
+                child_tok, child_score = top.indices, fwd_score[:, :, None] + top.values
             else:
                 top = torch.log_softmax(logits, -1).topk(K, dim=-1)  # [B, W, K]
                 child_tok, child_score = top.indices, fwd_score[:, :, None] + top.values
@@ -422,12 +449,20 @@ class EagleDrafter(TrainableDrafter):
         n_keep = depth if K == 1 else min(self.tree_nodes or depth * K, n_cand)
         # Best nodes first; a parent's cumulative score is never below its child's, and ties go to the shallower.
         order = torch.argsort(score - dep.float() * 1e-6, dim=1, descending=True)[:, :n_keep]
-        return [self._tree(all_tok[b], parent[b], dep[b], order[b], None if q_all is None else q_all[b])
-                for b in range(B)]
+        chosen = [order[b] for b in range(B)]
+        if log_thr is not None:  # ancestors of a kept node score at least as high: still closed under ancestors
+            chosen = [o[score[b, o] >= log_thr] for b, o in enumerate(chosen)]
+        trees = [self._tree(all_tok[b], parent[b], dep[b], chosen[b], None if q_all is None else q_all[b])
+                 for b in range(B)]
+        if self.stop is not None:
+            self.stop.draft_done(steps, 1 + max(len(t) for t in trees))
+        return trees
 
     @staticmethod
     def _tree(tok, parent, dep, chosen, q) -> DraftTree:
         """The chosen candidates (closed under ancestors) packed parents-first."""
+        if not len(chosen):
+            return DraftTree.empty()
         parent_l, dep_l = parent.tolist(), dep.tolist()
         keep = set(chosen.tolist())
         for i in list(keep):
@@ -442,6 +477,8 @@ class EagleDrafter(TrainableDrafter):
 
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
         self._paths = {r: list(p) for r, p in zip(ctx.rows, result.paths)}
+        if self.stop is not None and result.committed:
+            self.stop.committed(sum(map(len, result.committed)) / len(result.committed))
 
 
 # ---------------------------------------------------------------------- training
@@ -668,8 +705,10 @@ def train_eagle(target, tokenizer=None, sequences=(), steps: int = 300, *, draft
 def _eagle_factory(target_model, path=None, tokenizer=None, **options):
     """``"eagle:PATH"`` loads a saved head (checked against the target); ``"eagle"`` alone builds an
     untrained one for the target (useful only for tests). ``num_draft_tokens`` / ``topk`` / ``tree_nodes``
-    override the saved run-time shape (``{"kind": "eagle", "path": PATH, "topk": 4, "tree_nodes": 12}``)."""
+    override the saved run-time shape (``{"kind": "eagle", "path": PATH, "topk": 4, "tree_nodes": 12}``);
+    ``min_confidence`` (a number, ``auto`` or ``none``) overrides the saved early stop."""
     run_opts = {k: options.pop(k) for k in ("num_draft_tokens", "topk", "tree_nodes") if k in options}
+    stop = options.pop("min_confidence", False)
     if path:
         device = None
         if target_model is not None and target_model.device.type != "meta":
@@ -688,4 +727,6 @@ def _eagle_factory(target_model, path=None, tokenizer=None, **options):
         if int(v) < 1:
             raise InvalidInputError(f"{k} must be >= 1 (got {v})")
         setattr(drafter, k, int(v))
+    if stop is not False:
+        drafter.stop = ConfidenceStop.parse(stop)
     return drafter
