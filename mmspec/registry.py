@@ -312,7 +312,7 @@ def _auto_class_for(target_model, config):
 
 
 def _draft_model_factory(target_model, path=None, model=None, num_draft_tokens: int = 4, temperature: float = 1.0,
-                         trust_remote_code: bool = False, dtype=None, **load_kw):
+                         trust_remote_code: bool = False, dtype=None, min_confidence=None, **load_kw):
     from .drafters.draft_model import DraftModelDrafter
 
     if model is None:
@@ -335,7 +335,8 @@ def _draft_model_factory(target_model, path=None, model=None, num_draft_tokens: 
                                      **load_kw).eval()
         if target_model is not None and "device_map" not in load_kw and target_model.device.type != "meta":
             model = model.to(target_model.device)
-    return DraftModelDrafter(model, num_draft_tokens=num_draft_tokens, temperature=temperature)
+    return DraftModelDrafter(model, num_draft_tokens=num_draft_tokens, temperature=temperature,
+                             min_confidence=min_confidence)
 
 
 def _union_factory(target_model, path=None, drafters=(), budget=None, **options):

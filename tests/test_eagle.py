@@ -175,8 +175,8 @@ def test_cached_head_matches_full_recompute(perm, topk, nodes):
     seen = []
     orig = drafter._extend_cache
 
-    def spy(ctx):
-        out = orig(ctx)
+    def spy(ctx, room=0):
+        out = orig(ctx, room)
         seen.append((ctx.sequences[0].copy(), out[1][0].clone()))
         return out
 

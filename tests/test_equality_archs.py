@@ -38,7 +38,7 @@ ARCHS = ["qwen2", "qwen2-eager", "llava", "idefics3", "paligemma"]
 # because an earlier TargetAdapter tracked the unshifted positions and drifted by one from the second token.
 ARCH_PARAMS = ARCHS
 CASES = ["b1", "b4-eos-mid", "b4-eos-first"]
-DRAFTERS = ["none", "lookup", "draft-model", "oracle-chain", "oracle-tree", "union"]
+DRAFTERS = ["none", "lookup", "draft-model", "draft-model-stop", "oracle-chain", "oracle-tree", "union"]
 
 
 # ---------------------------------------------------------------- fixtures (built once per module)
@@ -114,6 +114,8 @@ def _make_drafter(kind: str, arch, ref_tail: torch.Tensor):
         return PromptLookupDrafter()
     if kind == "draft-model":
         return DraftModelDrafter(arch.draft, num_draft_tokens=4)
+    if kind == "draft-model-stop":  # chains cut where the draft model's cumulative probability drops below 0.1
+        return DraftModelDrafter(arch.draft, num_draft_tokens=4, min_confidence=0.1)
     if kind == "union":  # a corrupted oracle's chain, a draft model's chain and lookup with memory, merged
         return UnionDrafter([NoisyOracleDrafter(ref_tail, depth=4, corrupt_p=0.3, vocab_size=VOCAB),
                              DraftModelDrafter(arch.draft, num_draft_tokens=3),

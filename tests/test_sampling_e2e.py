@@ -31,7 +31,7 @@ import torch
 
 import mmspec
 from mmspec.acceptance import AcceptResult, SpeculativeSamplingRule
-from mmspec.drafters import Drafter, EagleDrafter, NoisyOracleDrafter, UnionDrafter
+from mmspec.drafters import DraftModelDrafter, Drafter, EagleDrafter, NoisyOracleDrafter, UnionDrafter
 from mmspec.tree import DraftTree
 
 from _chisq import chisq_pvalue
@@ -224,6 +224,9 @@ CONFIGS = {
     # first draft below a cumulative probability of 0.15: the stopping rule must not bias the law.
     "eagle-stoch-chain-min-confidence": (lambda cond, model: EagleDrafter.from_target(
         model, seed=0, num_draft_tokens=3, min_confidence=0.15), 4, {}, 3, 2048),
+    # The target as its own draft model at temperature 1.3 (q != p), chains cut below 0.2.
+    "draft-model-stoch-chain-min-confidence": (lambda cond, model: DraftModelDrafter(
+        model, num_draft_tokens=3, temperature=1.3, min_confidence=0.2), 4, {}, 3, 2048),
 }
 # A repetition penalty holds per-row state (the prompt's padding lengths), so mmspec scores each node in a
 # full-batch processor call: cost grows with batch**2, hence the small batches.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..budget import ConfidenceStop
 from ..errors import DrafterMismatchError
 from ..target import TargetAdapter
 from ..tree import DraftTree
@@ -44,11 +45,15 @@ class DraftModelDrafter(Drafter):
         vocab_size: the number of real tokens both models share (``len(tokenizer)``). When given, the two
             embedding tables may differ in padding rows (Qwen2.5-0.5B has 151936, Qwen2.5-7B 152064); the
             drafter never proposes ids past it. When omitted, the embedding sizes must be equal.
+        min_confidence: stop drafting at the first draft whose cumulative draft-model probability falls
+            below this (``"auto"``: from measured costs); see :class:`~mmspec.budget.ConfidenceStop`
+            (transformers' ``assistant_confidence_threshold`` plays this role for its assistant models).
     """
 
     kind = "draft-model"
 
-    def __init__(self, model, num_draft_tokens: int = 4, temperature: float = 1.0, vocab_size: int | None = None):
+    def __init__(self, model, num_draft_tokens: int = 4, temperature: float = 1.0, vocab_size: int | None = None,
+                 min_confidence: float | str | None = None):
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1 (got {num_draft_tokens})")
         if not temperature > 0:
@@ -57,6 +62,7 @@ class DraftModelDrafter(Drafter):
         self.num_draft_tokens = num_draft_tokens
         self.temperature = temperature
         self.vocab_size = vocab_size
+        self.stop = ConfidenceStop.parse(min_confidence)
         self.adapter = TargetAdapter(model)
         self.state = None
         self.target_vocab = None
@@ -84,6 +90,8 @@ class DraftModelDrafter(Drafter):
         return ids, kwargs
 
     def begin(self, ctx: DraftContext) -> None:
+        if self.stop is not None:
+            self.stop.new_run()
         ids, kwargs = self._model_inputs(ctx)
         self.state, _, _ = self.adapter.prefill(ids, kwargs)
         self.rows = list(range(ids.shape[0]))
@@ -98,21 +106,28 @@ class DraftModelDrafter(Drafter):
             self.rows = list(rows)
 
     def _pick(self, logits: torch.Tensor, ctx: DraftContext):
+        """``(tokens, q or None, log-confidence or None)``: the confidence is the top probability of the
+        distribution drafted from (never the drawn token's own, which would bias sampled drafts)."""
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
         if not ctx.do_sample:
-            return logits.argmax(-1), None
+            conf = None if self.stop is None else torch.log_softmax(logits.float(), -1).max(-1).values
+            return logits.argmax(-1), None, conf
         probs = torch.softmax(logits / self.temperature, dim=-1)
+        conf = None if self.stop is None else probs.max(-1).values.log()
         gen = ctx.generator
         dev = gen.device if gen is not None else probs.device
         tok = torch.multinomial(probs.to(dev), 1, generator=gen).squeeze(-1).to(logits.device)
         if probs.shape[-1] < self.target_vocab:  # q over the target's vocabulary: zero on padding rows
             probs = torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[-1]))
-        return tok, probs
+        return tok, probs, conf
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> list[DraftTree]:
         self._sync_rows(ctx.rows)
+        if self.stop is not None:
+            self.stop.draft_started()
+        log_thr = None if self.stop is None else self.stop.log_threshold()
         st = self.state
         # (1) catch up: the first uncached token is the pending one, the rest go in as a chain.
         pend = [self.uncached[r] for r in ctx.rows]
@@ -120,25 +135,39 @@ class DraftModelDrafter(Drafter):
         chains = [DraftTree.from_chain(p[1:]) for p in pend]
         out, _ = self.adapter.score(st, chains)
         last = torch.stack([out.logits[i, len(p) - 1] for i, p in enumerate(pend)])
-        tok, probs = self._pick(last, ctx)
+        tok, probs, conf = self._pick(last, ctx)
         self.adapter.commit(st, [list(range(len(p) - 1)) for p in pend], tok)
-        drafted, qs = [tok], [probs]
+        drafted, qs, confs = [tok], [probs], [conf]
         # (2) draft autoregressively; each step caches the previous draft token. No row can keep more
         # than remaining - 1 drafts, so deeper steps would be wasted.
-        self.depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
-        for _ in range(self.depth - 1):
+        depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
+        cum = None if log_thr is None else conf
+        while len(drafted) < depth:
+            if cum is not None and bool((cum < log_thr).all()):
+                break  # no row is sure enough of its next draft to pay for it
             out, _ = self.adapter.score(st, [DraftTree.empty()] * len(ctx.rows))
-            tok, probs = self._pick(out.logits[:, 0], ctx)
+            tok, probs, conf = self._pick(out.logits[:, 0], ctx)
             self.adapter.commit(st, [[] for _ in ctx.rows], tok)
             drafted.append(tok)
             qs.append(probs)
+            confs.append(conf)
+            cum = None if cum is None else cum + conf
+        self.depth = len(drafted)  # the cache holds drafts 1..depth-1 (observe rolls it back)
         toks = torch.stack(drafted, dim=1).tolist()
         q = None if qs[0] is None else torch.stack(qs, dim=1)  # [B, depth, V], on the model's device
-        trees = [DraftTree.from_chain(toks[i], None if q is None else q[i]) for i in range(len(ctx.rows))]
+        keep = [self.depth] * len(ctx.rows)
+        if log_thr is not None:  # each row's chain up to its first draft below the threshold
+            keep = (torch.stack(confs, dim=1).cumsum(1) >= log_thr).long().cumprod(1).sum(1).tolist()
+        trees = [DraftTree.from_chain(toks[i][:keep[i]], None if q is None else q[i, :keep[i]])
+                 for i in range(len(ctx.rows))]
         self._drafted = toks
+        if self.stop is not None:
+            self.stop.draft_done(self.depth, 1 + max(keep))
         return trees
 
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
+        if self.stop is not None and result.committed:
+            self.stop.committed(sum(map(len, result.committed)) / len(result.committed))
         k = self.depth
         drop = []
         for i, (r, toks, path, nxt) in enumerate(zip(ctx.rows, self._drafted, result.paths, result.next_tokens)):

@@ -123,10 +123,12 @@ class _Block(nn.Module):
             cache[names] = hit
         return hit[1]
 
-    def forward(self, x, pos, allowed, past_k=None, past_v=None):
+    def forward(self, x, pos, allowed, past_k=None, past_v=None, start=None):
         """``x[B, T, H]`` at ``pos[B, T]``; ``allowed[B, T, P + T]`` over ``P`` cached keys then the ``T`` new
         ones (``None``: every key). Returns ``(out[B, T, H], k[B, h, T, d], v[B, h, T, d])`` (the new
-        keys/values, RoPE applied)."""
+        keys/values, RoPE applied). With ``start``, ``past_k/v[B, h, capacity, d]`` are buffers whose first
+        ``P = start`` slots are the cache: the new keys/values are written at ``start`` and attention reads
+        the buffer up to ``start + T`` (no copy of the whole cache per drafted token)."""
         B, T, H = x.shape
         h = self.input_layernorm(x)
         split = lambda t: t.view(B, T, self.heads, H // self.heads).transpose(1, 2)  # noqa: E731
@@ -136,8 +138,12 @@ class _Block(nn.Module):
             q, k, v = F.linear(h, self._fused(("q_proj", "k_proj", "v_proj"))).split(H, dim=-1)
         cos, sin = self._cos_sin(pos, H // self.heads, x.dtype)
         q, k, v = _rope(split(q), cos, sin), _rope(split(k), cos, sin), split(v)
-        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
-        vals = v if past_v is None else torch.cat([past_v, v], dim=2)
+        if start is not None:
+            past_k[:, :, start:start + T], past_v[:, :, start:start + T] = k, v
+            keys, vals = past_k[:, :, :start + T], past_v[:, :, :start + T]
+        else:
+            keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+            vals = v if past_v is None else torch.cat([past_v, v], dim=2)
         att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=None if allowed is None else allowed[:, None])
         x = x + self.o_proj(att.transpose(1, 2).reshape(B, T, H))
         h = self.post_attention_layernorm(x)
@@ -251,17 +257,20 @@ class EagleDrafter(TrainableDrafter):
         x = torch.cat([h.to(self.fuse.weight.dtype) for h in per_layer], dim=-1)
         return self.fuse(self.fuse_norm(x))
 
-    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None):
+    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None, start=None):
         """Head pass: ``tokens[B, T]``, ``features[B, T, H]`` (feature of the previous position),
         ``positions[B, T]``, ``allowed[B, T, P + T]`` over ``P`` cached keys ``past_k/v[B, h, P, d]`` and the
-        new ones -> ``(logits[B, T, V], hidden[B, T, H], k, v)`` (``k, v``: the new positions' keys/values)."""
+        new ones -> ``(logits[B, T, V], hidden[B, T, H], k, v)`` (``k, v``: the new positions' keys/values).
+        ``start``: ``past_k/v`` are buffers written in place (see ``_Block.forward``)."""
         x = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))
-        h, k, v = self.layer(x, positions, allowed, past_k, past_v)
+        h, k, v = self.layer(x, positions, allowed, past_k, past_v, start)
         return self.lm_head(self.norm(h)).float(), h, k, v
 
     # ------------------------------------------------------------------ run-time state
     def _reset_run(self):
-        self._k, self._v = {}, {}  # row -> keys/values of committed positions 0..c-1, [heads, c, d]
+        # row -> buffers [heads, capacity, d] whose first _n[row] slots hold the keys/values of the committed
+        # positions 0..c-1; the slots after them are scratch for the round's drafts.
+        self._k, self._v, self._n = {}, {}, {}
         self._todo = {}  # row -> target features f_{c-1}..f_{n-1} not yet run through the head, [m, H]
         self._paths = None  # row -> accepted path of the last verify pass, ingested at the next propose
 
@@ -282,7 +291,9 @@ class EagleDrafter(TrainableDrafter):
         for b, (r, plen) in enumerate(zip(ctx.rows, ctx.prompt_lengths)):
             zero = torch.zeros(1, H, device=fused.device, dtype=fused.dtype)  # f_{-1}: position 0 has no feature
             self._todo[r] = torch.cat([zero, fused[b, fused.shape[1] - plen:]], dim=0)
-            self._k[r] = self._v[r] = fused.new_zeros(self.num_heads, 0, hd)
+            self._k[r] = fused.new_zeros(self.num_heads, plen + 64, hd)
+            self._v[r] = torch.zeros_like(self._k[r])
+            self._n[r] = 0
 
     @torch.no_grad()
     def _ingest(self, ctx: DraftContext) -> None:
@@ -294,41 +305,53 @@ class EagleDrafter(TrainableDrafter):
             self._todo[r] = torch.cat([self._todo[r], fused[b, idx]], dim=0)
         self._paths = None
         for r in [r for r in self._k if r not in set(ctx.rows)]:  # rows that left the batch
-            del self._k[r], self._v[r], self._todo[r]
+            del self._k[r], self._v[r], self._n[r], self._todo[r]
+
+    def _reserve(self, r, size: int) -> None:
+        """Grow row ``r``'s key/value buffers (doubling) to hold at least ``size`` slots."""
+        cap = self._k[r].shape[1]
+        if cap >= size:
+            return
+        n, new = self._n[r], max(size, 2 * cap)
+        for buf in (self._k, self._v):
+            grown = buf[r].new_zeros(buf[r].shape[0], new, buf[r].shape[2])
+            grown[:, :n] = buf[r][:, :n]
+            buf[r] = grown
 
     @torch.no_grad()
-    def _extend_cache(self, ctx: DraftContext):
+    def _extend_cache(self, ctx: DraftContext, room: int = 0):
         """Run the head over each row's committed positions not yet cached (``c..n``, the pending token
-        last), append their keys/values, and return the padded cache ``(k, v, valid)`` (``valid`` is
-        ``None`` when every key is real: one row) plus the pending position's logits ``[B, V]``, hidden
-        state ``[B, H]`` and position ``[B]``."""
+        last), append their keys/values, and return the cache ``(k, v, valid, length)``: buffers
+        ``[B, h, length + room, d]`` whose first ``length`` slots are the (left-padded) keys/values and the
+        next ``room`` free for the drafts (``valid[B, length]``, ``None`` when every key is real: one row),
+        plus the pending position's logits ``[B, V]``, hidden state ``[B, H]`` and position ``[B]``."""
         dev, dtype = self.fuse.weight.device, self.fuse.weight.dtype
         B, H, hd = len(ctx.rows), self.hidden_size, self.hidden_size // self.num_heads
         news = []
         for r, seq in zip(ctx.rows, ctx.sequences):
-            n, c = len(seq) - 1, self._k[r].shape[1]
+            n, c = len(seq) - 1, self._n[r]
             if self._todo[r].shape[0] != n - c + 1:
                 raise RuntimeError(f"eagle drafter lost track of row {r}: {self._todo[r].shape[0]} features for "
                                    f"{n - c + 1} uncached positions")
             news.append((torch.as_tensor(seq[c:].copy(), device=dev), c))
-        if B == 1:  # no padding: the row's cache is the past as it is, and one new position needs no mask
+        if B == 1:  # no padding: the row's own buffers are the cache, and one new position needs no mask
             (r,), ((tok, c),) = ctx.rows, news
             u = len(tok)
+            self._reserve(r, c + u + room)
+            kb, vb = self._k[r][None], self._v[r][None]  # views: the head writes into the row's buffers
             pos = torch.arange(c, c + u, device=dev)[None]
             allowed = None if u == 1 else torch.ones(u, c + u, dtype=torch.bool, device=dev).tril(c)[None]
-            logits, hid, k, v = self(tok[None], self._todo[r][None], pos, allowed, self._k[r][None], self._v[r][None])
-            self._k[r] = torch.cat([self._k[r], k[0]], dim=1)
-            self._v[r] = torch.cat([self._v[r], v[0]], dim=1)
+            logits, hid, _, _ = self(tok[None], self._todo[r][None], pos, allowed, kb, vb, start=c)
+            self._n[r] = c + u
             self._todo[r] = self._todo[r][:0]
-            cache = (self._k[r][None], self._v[r][None], None)
-            return cache, logits[:, -1], hid[:, -1], pos[:, -1]
+            return (kb, vb, None, c + u), logits[:, -1], hid[:, -1], pos[:, -1]
         U = max(len(t) for t, _ in news)
-        P = max(self._k[r].shape[1] for r in ctx.rows)
+        P = max(self._n[r] for r in ctx.rows)
         tok = torch.zeros(B, U, dtype=torch.long, device=dev)
         feat = torch.zeros(B, U, H, dtype=dtype, device=dev)
         pos = torch.zeros(B, U, dtype=torch.long, device=dev)
         new_valid = torch.zeros(B, U, dtype=torch.bool, device=dev)
-        pk = torch.zeros(B, self.num_heads, P, hd, dtype=dtype, device=dev)
+        pk = torch.zeros(B, self.num_heads, P + U + room, hd, dtype=dtype, device=dev)
         pv = torch.zeros_like(pk)
         past_valid = torch.zeros(B, P, dtype=torch.bool, device=dev)
         for b, (r, (t, c)) in enumerate(zip(ctx.rows, news)):  # right-align: the pending token is last
@@ -336,19 +359,19 @@ class EagleDrafter(TrainableDrafter):
             tok[b, U - u:], feat[b, U - u:], new_valid[b, U - u:] = t, self._todo[r], True
             pos[b] = torch.arange(c + u - U, c + u, device=dev).clamp(min=0)
             if c:
-                pk[b, :, P - c:], pv[b, :, P - c:], past_valid[b, P - c:] = self._k[r], self._v[r], True
+                pk[b, :, P - c:P], pv[b, :, P - c:P], past_valid[b, P - c:] = self._k[r][:, :c], self._v[r][:, :c], True
         eye = torch.eye(U, dtype=torch.bool, device=dev)[None]
         allowed = torch.cat([past_valid[:, None, :].expand(B, U, P),
                              torch.ones(U, U, dtype=torch.bool, device=dev).tril()[None] & new_valid[:, None, :] | eye],
                             dim=2)
-        logits, hid, k, v = self(tok, feat, pos, allowed, pk, pv)
-        for b, (r, (t, _)) in enumerate(zip(ctx.rows, news)):
+        logits, hid, k, v = self(tok, feat, pos, allowed, pk, pv, start=P)
+        for b, (r, (t, c)) in enumerate(zip(ctx.rows, news)):
             u = len(t)
-            self._k[r] = torch.cat([self._k[r], k[b, :, U - u:]], dim=1)
-            self._v[r] = torch.cat([self._v[r], v[b, :, U - u:]], dim=1)
+            self._reserve(r, c + u)
+            self._k[r][:, c:c + u], self._v[r][:, c:c + u] = k[b, :, U - u:], v[b, :, U - u:]
+            self._n[r] = c + u
             self._todo[r] = self._todo[r][:0]
-        cache = (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), torch.cat([past_valid, new_valid], dim=1))
-        return cache, logits[:, -1], hid[:, -1], pos[:, -1]
+        return (pk, pv, torch.cat([past_valid, new_valid], dim=1), P + U), logits[:, -1], hid[:, -1], pos[:, -1]
 
     def _sample(self, logits: torch.Tensor, ctx: DraftContext):
         probs = torch.softmax(logits, dim=-1)
@@ -370,9 +393,10 @@ class EagleDrafter(TrainableDrafter):
         self._ingest(ctx)
         if self.stop is not None:
             self.stop.draft_started()
-        (ck, cv, cvalid), root_logits, root_hid, root_pos = self._extend_cache(ctx)
-        B, K, dev = len(ctx.rows), self.topk, root_logits.device
+        K = self.topk
         depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
+        (ck, cv, cvalid, filled), root_logits, root_hid, root_pos = self._extend_cache(ctx, room=(depth - 1) * K)
+        B, dev = len(ctx.rows), root_logits.device
         sample_chain = ctx.do_sample and K == 1
         log_thr = None if self.stop is None else self.stop.log_threshold()
         # Candidates, per row: token, cumulative log-probability, parent candidate (-1: the root), depth.
@@ -395,11 +419,11 @@ class EagleDrafter(TrainableDrafter):
         fwd = torch.arange(toks[0].shape[1], device=dev)[None].expand(B, -1)  # candidates run at this depth
         fwd_feat = root_hid[:, None].expand(-1, fwd.shape[1], -1)
         fwd_score = scores[0]
-        tree_k, tree_v, anc = [], [], torch.zeros(B, fwd.shape[1], 0, dtype=torch.bool, device=dev)
+        anc = torch.zeros(B, fwd.shape[1], 0, dtype=torch.bool, device=dev)
         n_cand = toks[0].shape[1]
         all_tok = toks[0]
         if cvalid is None:
-            cvalid = torch.ones(B, ck.shape[2], dtype=torch.bool, device=dev)
+            cvalid = torch.ones(B, filled, dtype=torch.bool, device=dev)
         steps = 1
         for d in range(1, depth):
             if log_thr is not None and bool((fwd_score < log_thr).all()):
@@ -409,10 +433,9 @@ class EagleDrafter(TrainableDrafter):
             allowed = None if (B == 1 and K == 1) else torch.cat(  # one chain row sees every key
                 [cvalid[:, None, :].expand(B, W, -1), anc, torch.eye(W, dtype=torch.bool, device=dev)[None].expand(B, W, W)],
                 dim=2)
-            logits, hid, k, v = self(all_tok.gather(1, fwd), fwd_feat, (root_pos + d)[:, None].expand(B, W), allowed,
-                                     torch.cat([ck] + tree_k, dim=2), torch.cat([cv] + tree_v, dim=2))
-            tree_k.append(k)
-            tree_v.append(v)
+            logits, hid, _, _ = self(all_tok.gather(1, fwd), fwd_feat, (root_pos + d)[:, None].expand(B, W), allowed,
+                                     ck, cv, start=filled)
+            filled += W
             if sample_chain:
                 tok, q = self._sample(logits[:, 0], ctx)
                 child_score = fwd_score[:, :, None] if log_thr is None else \
