@@ -363,6 +363,9 @@ class MMSpecSystem(System):
         super().__init__(name, model, max_new_tokens)
         self.drafter = drafter
         self.budget = budget
+        stop = getattr(drafter, "stop", None)
+        if stop is not None and "min_confidence=" not in name:  # a saved setting the label does not show
+            self.note = f"min_confidence={stop.spec()} (saved with the drafter)"
 
     def forget(self):
         self.drafter.forget()
