@@ -43,10 +43,15 @@ python -m mmspec.vision.testbed train --out "$W/phase7" --init "$W/phase6" --siz
 python -m mmspec.vision.testbed export --model "$W/phase7" --out "$HERE/testbed-vlm"
 python -m mmspec.vision.testbed eval --model "$HERE/testbed-vlm" --n 24 --grounding
 # The EAGLE head, trained against the exported (bfloat16-rounded) target.
-mmspec train --kind eagle --target "$HERE/testbed-vlm" --workload docs,charts --n-train 2400 --max-new-tokens 192 \
-    --steps 1200 --batch-size 8 --lr 3e-3 --num-draft-tokens 5 --ttt-steps 4 --out "$W/eagle"
+# (Run here as the data stage with --threads 1, then --stage fit with --threads 2; one command does both.)
+mmspec train --kind eagle --target "$HERE/testbed-vlm" --workload docs,charts --n-train 6000 --max-new-tokens 192 \
+    --steps 3000 --batch-size 8 --lr 3e-3 --num-draft-tokens 5 --ttt-steps 4 --val-shards 8 --save-every 250 \
+    --out "$W/eagle"
 python - "$W/eagle" "$HERE/testbed-vlm-eagle" <<'PY'
 import sys, torch
+from mmspec.budget import ConfidenceStop
 from mmspec.drafters import EagleDrafter
-EagleDrafter.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2], dtype=torch.bfloat16)
+head = EagleDrafter.from_pretrained(sys.argv[1])
+head.stop = ConfidenceStop.parse(0.3)  # the shipped early stop (assets README)
+head.save_pretrained(sys.argv[2], dtype=torch.bfloat16)
 PY
