@@ -176,10 +176,12 @@ class ConfidenceStop:
         self.clock = clock
         self.fixed = None if self.auto else float(threshold)
         self.initial, self.decay = float(initial), float(decay)
-        self.cost = CostModel()
-        self._tokens = self._seconds = self._step_s = self._steps = 0.0
-        self._round_start = self._draft_end = self._round_tokens = None
-        self._width = 0
+        self.cost = CostModel()  # a round's verify part against the width it verified: the slope is b
+        # Drafting time against drafter steps: the slope is one step's marginal cost (a round's fixed part,
+        # the root pass and tree building, is not saved by stopping early).
+        self.draft_cost = CostModel()
+        self._tokens = self._seconds = self._draft_s = self._steps = 0.0
+        self._round_start = self._draft_end = None
 
     @classmethod
     def parse(cls, value) -> "ConfidenceStop | None":
@@ -209,35 +211,39 @@ class ConfidenceStop:
         if self.cost.n < self.cost.min_observations or self._seconds <= 0 or self._steps <= 0:
             return self.initial
         fit = self.cost._fit()  # None while every round verified the same width (e.g. wide batches): b = 0
+        step = self.draft_cost._fit()  # None while every round ran as many steps: the mean step time
+        t_step = step[1] if step else self._draft_s / self._steps
         rate = self._tokens / self._seconds
-        return min(0.9, max(0.01, (self._step_s / self._steps + (fit[1] if fit else 0.0)) * rate))
+        return min(0.9, max(0.01, (t_step + (fit[1] if fit else 0.0)) * rate))
 
     def log_threshold(self) -> float:
         return math.log(self.threshold())
 
     # -------------------------------------------------------------- measurements (auto only)
     def new_run(self) -> None:
-        """A new request starts: the time since the last round is not a round."""
-        self._round_start = self._draft_end = self._round_tokens = None
+        """A new request starts (nothing of an unfinished round is counted)."""
+        self._round_start = self._draft_end = None
 
     def draft_started(self) -> None:
-        """Called as a round's drafting starts; closes the previous round's measurement."""
-        now = self.clock()
-        if self.auto and self._round_start is not None and self._draft_end is not None \
-                and self._round_tokens is not None:
-            self.cost.observe(self._width, now - self._draft_end)
-            self._seconds = self._seconds * self.decay + (now - self._round_start)
-            self._tokens = self._tokens * self.decay + self._round_tokens
-        self._round_start, self._round_tokens = now, None
+        """Called as a round's drafting starts."""
+        self._round_start, self._draft_end = self.clock(), None
 
-    def draft_done(self, steps: int, width: int) -> None:
-        """Drafting took ``steps`` drafter passes and proposes ``width`` tokens per row to verify (root included)."""
+    def draft_done(self, steps: int) -> None:
+        """Drafting is over; it ran ``steps`` drafter passes."""
         now = self.clock()
-        if self._round_start is not None and steps > 0:
-            self._step_s = self._step_s * self.decay + (now - self._round_start)
+        if self.auto and self._round_start is not None and steps > 0:
+            took = now - self._round_start
+            self.draft_cost.observe(steps, took)
+            self._draft_s = self._draft_s * self.decay + took
             self._steps = self._steps * self.decay + steps
-        self._draft_end, self._width = now, width
+        self._draft_end = now
 
-    def committed(self, tokens_per_row: float) -> None:
-        """Tokens the round committed (mean over rows); counted when the next round closes its timing."""
-        self._round_tokens = float(tokens_per_row)
+    def committed(self, tokens_per_row: float, width: int) -> None:
+        """The round is verified and committed: ``tokens_per_row`` kept on average, ``width`` tokens per row
+        scored (the root and the tree actually verified, after any pruning). Closes the round's timing."""
+        now = self.clock()
+        if self.auto and self._round_start is not None and self._draft_end is not None:
+            self.cost.observe(width, now - self._draft_end)
+            self._seconds = self._seconds * self.decay + (now - self._round_start)
+            self._tokens = self._tokens * self.decay + float(tokens_per_row)
+        self._round_start = self._draft_end = None

@@ -76,22 +76,31 @@ def test_confidence_stop_parses_and_derives_its_threshold_from_measured_costs():
     now = [0.0]
     stop = ConfidenceStop("auto", initial=0.25, decay=1.0, clock=lambda: now[0])
     stop.new_run()
-    # Rounds of a fake clock: 2 drafter steps of 1.0 s, then verify 4 + 0.5 s per scored token, 2 tokens kept.
-    widths = [2, 3, 4, 5, 6] * 3
-    for i, w in enumerate(widths):
-        # the cost fit waits for 8 closed rounds (round i's start closes round i - 1)
-        assert (stop.threshold() == 0.25) == (i <= 8)
+    # Rounds on a fake clock: drafting 0.5 s fixed + 1.0 s per drafter step, verifying 4 + 0.5 s per scored
+    # token, 2 tokens kept. The threshold charges a step its marginal 1.0 s, not the 1.5-1.75 s mean.
+    rounds = [(2, 3), (3, 4), (2, 5), (1, 2), (3, 6)] * 3  # (steps, width)
+    seconds = 0.0
+    for i, (steps, w) in enumerate(rounds):
+        # the verify fit waits for 8 closed rounds
+        assert (stop.threshold() == 0.25) == (i < 8)
         stop.draft_started()
-        now[0] += 2.0
-        stop.draft_done(steps=2, width=w)
+        now[0] += 0.5 + 1.0 * steps
+        stop.draft_done(steps)
         now[0] += 4.0 + 0.5 * w
-        stop.committed(2.0)
-    stop.draft_started()  # closes the last round
-    seconds = sum(2.0 + 4.0 + 0.5 * w for w in widths)
-    want = (1.0 + 0.5) * (2.0 * len(widths)) / seconds  # (t_step + b) * rate
+        stop.committed(2.0, w)
+        seconds += 0.5 + 1.0 * steps + 4.0 + 0.5 * w
+    want = (1.0 + 0.5) * (2.0 * len(rounds)) / seconds  # (t_step + b) * rate
     assert stop.threshold() == pytest.approx(want, rel=1e-6)
-    # A new request: the pause before it is not a round.
+    # A request that ends between drafting and verifying, then a pause: neither is counted.
+    stop.draft_started()
+    now[0] += 2.5
+    stop.draft_done(2)
     stop.new_run()
     now[0] += 100.0
     stop.draft_started()
-    assert stop.threshold() == pytest.approx(want, rel=1e-6)
+    now[0] += 2.5
+    stop.draft_done(2)
+    now[0] += 5.5
+    stop.committed(2.0, 3)
+    seconds += 8.0
+    assert stop.threshold() == pytest.approx((1.0 + 0.5) * (2.0 * (len(rounds) + 1)) / seconds, rel=1e-6)

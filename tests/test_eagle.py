@@ -162,13 +162,25 @@ def test_save_load_round_trip_and_registry(perm, tmp_path):
 
 
 # --------------------------------------------------------------------------- KV cache and dynamic tree
+def _full_logits(drafter, target, seq):
+    """The head's logits at every position of ``seq`` from one uncached pass with the target's features."""
+    from mmspec.drafters.eagle import collate_eagle, target_record
+
+    batch = collate_eagle([target_record(target, seq, drafter.layer_ids, max_new_tokens=1)])
+    fused = drafter.fuse_features(list(batch["features"].chunk(3, dim=-1)))
+    feats = torch.cat([torch.zeros(1, 1, drafter.hidden_size), fused[:, :-1]], dim=1)
+    T_ = batch["tokens"].shape[1]
+    with torch.no_grad():
+        logits, _, _, _ = drafter(batch["tokens"], feats, torch.arange(T_)[None],
+                                  torch.ones(T_, T_, dtype=torch.bool).tril()[None])
+    return logits[0]
+
+
 @pytest.mark.parametrize("topk,nodes", [(1, None), (3, 8)])
 def test_cached_head_matches_full_recompute(perm, topk, nodes):
     """The head's KV cache, fed from verify passes round by round, gives at every round the same
     pending-position logits as one uncached pass over the whole committed sequence with the target's
     features from a single forward (what training sees)."""
-    from mmspec.drafters.eagle import collate_eagle, target_record
-
     target, _, trained, held = perm
     drafter = trained
     drafter.topk, drafter.tree_nodes = topk, nodes
@@ -188,18 +200,43 @@ def test_cached_head_matches_full_recompute(perm, topk, nodes):
         del drafter._extend_cache
         drafter.topk, drafter.tree_nodes = 1, None
     assert len(seen) >= 3
-    rec = target_record(target, out.sequences[0], drafter.layer_ids, max_new_tokens=1)
-    batch = collate_eagle([rec])
-    fused = drafter.fuse_features(list(batch["features"].chunk(3, dim=-1)))
-    feats = torch.cat([torch.zeros(1, 1, drafter.hidden_size), fused[:, :-1]], dim=1)
-    T_ = batch["tokens"].shape[1]
-    with torch.no_grad():
-        logits, _, _, _ = drafter(batch["tokens"], feats, torch.arange(T_)[None],
-                                  torch.ones(T_, T_, dtype=torch.bool).tril()[None])
+    logits = _full_logits(drafter, target, out.sequences[0])[None]
     for seq, root_logits in seen:
         n = len(seq) - 1
         assert torch.equal(torch.as_tensor(seq), out.sequences[0, : n + 1])
         assert torch.allclose(root_logits, logits[0, n], atol=1e-4), n
+
+
+@pytest.mark.parametrize("topk,nodes", [(1, None), (3, 8)])
+def test_batched_head_cache_matches_full_recompute_past_its_first_buffer(perm, topk, nodes):
+    """Batch 3 with uneven (left-padded) prompts and 80 new tokens, more than each row's first key/value
+    buffer holds (prompt + 64): at every round each row's pending-position logits equal an uncached pass
+    over its committed tokens, so the batched write-back and the buffer growth keep the cache exact."""
+    target, _, trained, _ = perm
+    three = _left_pad(_prompts(3, seed=31, lo=4, hi=12))
+    seen = []
+    orig = trained._extend_cache
+
+    def spy(ctx, room=0):
+        out = orig(ctx, room)
+        seen.extend((r, seq.copy(), out[1][b].clone()) for b, (r, seq) in enumerate(zip(ctx.rows, ctx.sequences)))
+        return out
+
+    trained._extend_cache = spy
+    trained.topk, trained.tree_nodes = topk, nodes
+    try:
+        out = mmspec.generate(target, three, drafter=trained, max_new_tokens=80)
+    finally:
+        del trained._extend_cache
+        trained.topk, trained.tree_nodes = 1, None
+    assert torch.equal(out.sequences, target.generate(**three, max_new_tokens=80, do_sample=False))
+    pad = three["input_ids"].shape[1] - three["attention_mask"].sum(1)
+    full = {r: _full_logits(trained, target, out.sequences[r, int(pad[r]):]) for r in range(3)}
+    grown = [len(seq) for r, seq, _ in seen if len(seq) > int(three["attention_mask"][r].sum()) + 65]
+    assert len({r for r, _, _ in seen}) == 3 and grown
+    for r, seq, root_logits in seen:
+        n = len(seq) - 1
+        assert torch.allclose(root_logits, full[r][n], atol=1e-4), (r, n)
 
 
 @pytest.mark.parametrize("topk,nodes", [(2, 5), (3, 10)])

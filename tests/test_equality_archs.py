@@ -114,8 +114,8 @@ def _make_drafter(kind: str, arch, ref_tail: torch.Tensor):
         return PromptLookupDrafter()
     if kind == "draft-model":
         return DraftModelDrafter(arch.draft, num_draft_tokens=4)
-    if kind == "draft-model-stop":  # chains cut where the draft model's cumulative probability drops below 0.1
-        return DraftModelDrafter(arch.draft, num_draft_tokens=4, min_confidence=0.1)
+    if kind == "draft-model-stop":  # cut where the cumulative probability drops below 0.02: chains of 1-4
+        return DraftModelDrafter(arch.draft, num_draft_tokens=4, min_confidence=0.02)
     if kind == "union":  # a corrupted oracle's chain, a draft model's chain and lookup with memory, merged
         return UnionDrafter([NoisyOracleDrafter(ref_tail, depth=4, corrupt_p=0.3, vocab_size=VOCAB),
                              DraftModelDrafter(arch.draft, num_draft_tokens=3),

@@ -221,12 +221,13 @@ CONFIGS = {
                                                                         table(TREE, False)(cond, model)]),
                                       4, {}, 3, 2048),
     # An EAGLE head (untrained: its softmax is far from the target's) sampling a chain that stops at the
-    # first draft below a cumulative probability of 0.15: the stopping rule must not bias the law.
+    # first draft below a cumulative probability of 0.3 (chains of 0, 1 and 2 drafts): the stopping rule
+    # must not bias the law.
     "eagle-stoch-chain-min-confidence": (lambda cond, model: EagleDrafter.from_target(
-        model, seed=0, num_draft_tokens=3, min_confidence=0.15), 4, {}, 3, 2048),
-    # The target as its own draft model at temperature 1.3 (q != p), chains cut below 0.2.
+        model, seed=0, num_draft_tokens=3, min_confidence=0.3), 4, {}, 3, 2048),
+    # The target as its own draft model at temperature 1.3 (q != p), chains cut below 0.3.
     "draft-model-stoch-chain-min-confidence": (lambda cond, model: DraftModelDrafter(
-        model, num_draft_tokens=3, temperature=1.3, min_confidence=0.2), 4, {}, 3, 2048),
+        model, num_draft_tokens=3, temperature=1.3, min_confidence=0.3), 4, {}, 3, 2048),
 }
 # A repetition penalty holds per-row state (the prompt's padding lengths), so mmspec scores each node in a
 # full-batch processor call: cost grows with batch**2, hence the small batches.

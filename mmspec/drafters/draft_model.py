@@ -47,7 +47,8 @@ class DraftModelDrafter(Drafter):
             drafter never proposes ids past it. When omitted, the embedding sizes must be equal.
         min_confidence: stop drafting at the first draft whose cumulative draft-model probability falls
             below this (``"auto"``: from measured costs); see :class:`~mmspec.budget.ConfidenceStop`
-            (transformers' ``assistant_confidence_threshold`` plays this role for its assistant models).
+            (transformers' ``assistant_confidence_threshold`` differs: it tests the drawn token's own
+            probability, which biases sampled drafts; this tests the top probability of the distribution).
     """
 
     kind = "draft-model"
@@ -162,12 +163,13 @@ class DraftModelDrafter(Drafter):
                  for i in range(len(ctx.rows))]
         self._drafted = toks
         if self.stop is not None:
-            self.stop.draft_done(self.depth, 1 + max(keep))
+            self.stop.draft_done(self.depth)
         return trees
 
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
         if self.stop is not None and result.committed:
-            self.stop.committed(sum(map(len, result.committed)) / len(result.committed))
+            self.stop.committed(sum(map(len, result.committed)) / len(result.committed),
+                                1 + max(len(t) for t in result.trees))
         k = self.depth
         drop = []
         for i, (r, toks, path, nxt) in enumerate(zip(ctx.rows, self._drafted, result.paths, result.next_tokens)):

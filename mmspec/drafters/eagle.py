@@ -324,7 +324,7 @@ class EagleDrafter(TrainableDrafter):
     def _extend_cache(self, ctx: DraftContext, room: int = 0):
         """Run the head over each row's committed positions not yet cached (``c..n``, the pending token
         last), append their keys/values, and return the cache ``(k, v, valid, length)``: buffers
-        ``[B, h, length + room, d]`` whose first ``length`` slots are the (left-padded) keys/values and the
+        ``[B, h, >= length + room, d]`` whose first ``length`` slots are the (left-padded) keys/values and the
         next ``room`` free for the drafts (``valid[B, length]``, ``None`` when every key is real: one row),
         plus the pending position's logits ``[B, V]``, hidden state ``[B, H]`` and position ``[B]``."""
         dev, dtype = self.fuse.weight.device, self.fuse.weight.dtype
@@ -480,7 +480,7 @@ class EagleDrafter(TrainableDrafter):
         trees = [self._tree(all_tok[b], parent[b], dep[b], chosen[b], None if q_all is None else q_all[b])
                  for b in range(B)]
         if self.stop is not None:
-            self.stop.draft_done(steps, 1 + max(len(t) for t in trees))
+            self.stop.draft_done(steps)
         return trees
 
     @staticmethod
@@ -503,7 +503,8 @@ class EagleDrafter(TrainableDrafter):
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
         self._paths = {r: list(p) for r, p in zip(ctx.rows, result.paths)}
         if self.stop is not None and result.committed:
-            self.stop.committed(sum(map(len, result.committed)) / len(result.committed))
+            self.stop.committed(sum(map(len, result.committed)) / len(result.committed),
+                                1 + max(len(t) for t in result.trees))
 
 
 # ---------------------------------------------------------------------- training
