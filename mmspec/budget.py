@@ -153,11 +153,15 @@ class ConfidenceStop:
 
     ``threshold="auto"`` derives it from measured costs instead of fixing it: one more draft is worth
     its cost when its expected yield ``c_d`` beats what the same time buys at the current rate, i.e.
-    ``c_d >= (t_step + b) * rate``, with ``t_step`` the measured time of one drafter step, ``b`` the
-    extra verify time of one more scored token (a :class:`CostModel` fitted on the rounds' verify part)
-    and ``rate`` the committed tokens per second of recent rounds. On a CPU, where a drafter step costs
-    a fifth of a target pass, that is about 0.3-0.45; on a GPU with a large target it falls below 0.1
-    and chains run to full depth. Until enough rounds are measured it uses ``initial``. Under seeded
+    ``c_d >= (t_step + b) * rate``, with ``t_step`` the marginal time of one drafter step and ``b`` the
+    extra verify time of one more scored token (slopes of :class:`CostModel` fits over every round seen:
+    drafting time against steps, the verify part against the width verified) and ``rate`` the committed
+    tokens per second of recent rounds (exponentially decayed). While every round ran as many steps the
+    mean step time stands in for ``t_step``; while every round verified the same width (as in wide
+    batches) ``b`` counts as 0. At batch > 1 drafting continues while any row is above the threshold.
+    On the testbed CPU (a drafter step costs a fifth of a target pass) it settles at 0.40 on docs and 0.45
+    on charts (``t_step`` 1.0 / 0.9 ms, ``b`` 0.5 / 0.3 ms); the smaller the drafter's and the verify's
+    share of a round (a GPU, a large target), the lower it falls and the deeper chains run. Until enough rounds are measured it uses ``initial``. Under seeded
     sampling the measured times make draft lengths (not the output distribution) vary between runs; pass
     a number for bit-reproducible runs.
 
