@@ -230,7 +230,7 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
                 f"({', '.join(kinds)}, optionally 'kind:PATH', ';key=value' options, 'A{UNION_SEP}B' for the "
                 f"union of two drafters' trees, and '{BUDGET_SUFFIX}' for a cost-aware depth budget)"
             )
-        if base in ("hf-assistant", "draft-model") and not draft_model:
+        if not draft_model and (base == "hf-assistant" or any(p.split(";")[0] == "draft-model" for p in parts)):
             raise InvalidInputError(
                 f"system {name!r} needs a small model with the target's tokenizer: --draft-model PATH"
             )
@@ -393,6 +393,17 @@ def placeholder_token_ids(model) -> list[int]:
     return sorted(i for i in ids if isinstance(i, int) and i >= 0)
 
 
+def _with_draft_model(spec: str, path: str | None) -> str:
+    """``spec`` with the bench's ``--draft-model`` path filled in when it names the draft-model kind bare.
+
+    Example:
+        >>> _with_draft_model("draft-model;min_confidence=auto", "/m"), _with_draft_model("lookup", "/m")
+        ('draft-model:/m;min_confidence=auto', 'lookup')
+    """
+    head, sep, opts = spec.partition(";")
+    return f"{head}:{path}{sep}{opts}" if head == "draft-model" and path else spec
+
+
 def _lookup_depth(spec: str, tokens: int) -> str:
     """``spec`` with ``num_draft_tokens=tokens`` added when it is a lookup drafter that does not set its depth.
 
@@ -428,8 +439,9 @@ def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int
             base = name.removesuffix(BUDGET_SUFFIX)
             if base == "draft-model":
                 drafter = small
-            else:  # every lookup, alone or in a union, drafts as deep as transformers' prompt lookup
-                drafter = make_drafter(UNION_SEP.join(_lookup_depth(p, cfg.lookup_tokens)
+            else:  # lookups draft as deep as transformers' prompt lookup; a bare draft-model gets --draft-model
+                drafter = make_drafter(UNION_SEP.join(_with_draft_model(_lookup_depth(p.strip(), cfg.lookup_tokens),
+                                                                        cfg.draft_model)
                                                       for p in base.split(UNION_SEP)), model)
             budget = DepthBudget() if base != name else None
             systems.append(MMSpecSystem(name, model, max_new_tokens, drafter, budget))

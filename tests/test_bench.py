@@ -45,7 +45,8 @@ class _BrokenDrafter(Drafter):
 
 register_drafter("bench-test-broken", lambda target, **kw: _BrokenDrafter())
 
-SYSTEMS = ["ar", "hf-prompt-lookup", "hf-assistant", "lookup", "draft-model", "bench-test-broken"]
+SYSTEMS = ["ar", "hf-prompt-lookup", "hf-assistant", "lookup", "draft-model", "draft-model;min_confidence=0.05",
+           "bench-test-broken"]
 BATCH_SIZES = [1, 4]
 NUMBER = (int, float)
 FIELDS = {  # field -> types allowed when status is "ok" (every field is None when it is not)
@@ -106,7 +107,7 @@ def test_ar_is_the_reference(report):
 
 def test_mmspec_systems_are_identical_to_ar_at_batch_1_and_4(report):
     recs = _by_key(report.results)
-    for system in ("lookup", "draft-model"):
+    for system in ("lookup", "draft-model", "draft-model;min_confidence=0.05"):  # the last: --draft-model's path
         for bs in BATCH_SIZES:
             r = recs[(BenchShapes.name, system, bs)]
             assert r["status"] == "ok" and r["identical_to_ar"] is True and r["lossless"] is True, r
@@ -167,6 +168,7 @@ def test_cli_bench_writes_json_and_png(tiny_vlm, tmp_path, capsys):
     ({"workloads": ["no-such-workload"]}, "unknown workload"),
     ({"systems": ["ar", "no-such-system"]}, "unknown system"),
     ({"systems": ["draft-model"]}, "--draft-model"),
+    ({"systems": ["lookup & draft-model;num_draft_tokens=2"]}, "--draft-model"),
     ({"batch_sizes": [0]}, "batch sizes"),
     ({"n": 0}, "n must be a positive integer"),
 ])
