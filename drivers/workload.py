@@ -147,7 +147,8 @@ class DrivingWorkload(SeededWorkload):
             label_maps = [np.asarray(render_frame(sim, k, cam, self.size, labels=True)) for cam in self.cameras
                           for k in ticks]
         meta = {"kind": scn.kind, "tick": tick, "perturbed": perturbed, "replayed": replayed,
-                "history": sample["history"], "speed": sample["speed"], "future": sample["future"], "actions": sample["actions"],
+                "history": sample["history"], "speed": sample["speed"], "future": sample["future"],
+                "actions": sample["actions"],
                 "hazard_kind": h.kind, "hazard_distance": h.distance, "hazard_action": h.action}
         if self.labels and draw:
             meta["labels"] = label_maps
@@ -169,8 +170,8 @@ def check_rollouts(rows: list) -> list:
     seed and index, so the items drawn from them do not depend on the order the drives were recorded in.
 
     Example:
-        >>> check_rollouts([{"split": "train", "index": 3, "kind": "cruise", "handover": 20, "controls": [[0, 0]]},
-        ...                 {"split": "train", "index": 1, "kind": "cruise", "handover": 20, "controls": [[0, 0]]}])[0]["index"]
+        >>> row = {"split": "train", "kind": "cruise", "handover": 20, "controls": [[0, 0]]}
+        >>> check_rollouts([{**row, "index": 3}, {**row, "index": 1}])[0]["index"]
         1
     """
     bad = [i for i, r in enumerate(rows) if not set(ROLLOUT_KEYS) <= set(r) or not r["controls"]]

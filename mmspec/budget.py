@@ -144,7 +144,7 @@ class ConfidenceStop:
 
     A drafter with a softmax (a feature head, a draft model) knows how sure it is: the product ``c_d`` of
     its probabilities for drafts ``1..d`` estimates the chance that all ``d`` are accepted (on the testbed
-    head: drafts it gives > 0.8 are accepted 96% of the time, < 0.2 only 17%). Drafting stops at the first
+    head: drafts it gives > 0.8 are accepted 97% of the time, < 0.2 only 10%). Drafting stops at the first
     draft with ``c_d < threshold``, which is dropped. Only the proposal shrinks, so the output is unchanged
     (greedy) and exactly distributed (sampling), provided a sampled draft's confidence is the top
     probability of the distribution it was drawn from, not the probability of the token drawn: keeping a
@@ -161,7 +161,8 @@ class ConfidenceStop:
     batches) ``b`` counts as 0. At batch > 1 drafting continues while any row is above the threshold.
     On the testbed CPU (a drafter step costs a fifth of a target pass) it settles at 0.40 on docs and 0.45
     on charts (``t_step`` 1.0 / 0.9 ms, ``b`` 0.5 / 0.3 ms); the smaller the drafter's and the verify's
-    share of a round (a GPU, a large target), the lower it falls and the deeper chains run. Until enough rounds are measured it uses ``initial``. Under seeded
+    share of a round (a GPU, a large target), the lower it falls and the deeper chains run. Until enough
+    rounds are measured it uses ``initial``. Under seeded
     sampling the measured times make draft lengths (not the output distribution) vary between runs; pass
     a number for bit-reproducible runs.
 
@@ -199,7 +200,8 @@ class ConfidenceStop:
         try:
             x = float(value)
         except (TypeError, ValueError):
-            raise InvalidInputError(f"min_confidence must be 'auto', 'none' or a number in [0, 1) (got {value!r})") from None
+            raise InvalidInputError(
+                f"min_confidence must be 'auto', 'none' or a number in [0, 1) (got {value!r})") from None
         if not 0.0 <= x < 1.0:
             raise InvalidInputError(f"min_confidence must be in [0, 1) (got {x})")
         return None if x == 0.0 else cls(x)

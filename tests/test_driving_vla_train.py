@@ -136,9 +136,9 @@ def test_rollouts_are_recorded_resumed_and_replayed_as_dagger_items(tmp_path):
     assert not any(ex.meta["replayed"] for ex in wl.examples("test", 4))  # train drives stay in train items
     late = max(items, key=lambda ex: ex.meta["tick"])
     assert late.meta["future"][-1, 1] < late.meta["future"][0, 1] - 0.1  # steers back right, to the centre
-    with pytest.raises(Exception, match="no rollouts file"):
+    with pytest.raises(InvalidInputError, match="no rollouts file"):
         get_workload("driving", rollouts=str(tmp_path / "missing.jsonl"))
-    with pytest.raises(Exception, match="lack one of"):
+    with pytest.raises(InvalidInputError, match="lack one of"):
         get_workload("driving", rollouts=[{"split": "train", "index": 7}])
     again = get_workload("driving", rollouts=[row], rollout_fraction=1.0, size=(112, 56)).examples("train", 6)
     assert [(ex.meta["tick"], ex.meta["replayed"]) for ex in again] == \

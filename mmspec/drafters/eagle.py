@@ -383,6 +383,21 @@ class EagleDrafter(TrainableDrafter):
         tok = torch.multinomial(probs.reshape(-1, shape[-1]).to(dev), 1, generator=gen).view(shape[:-1])
         return tok.to(logits.device), probs
 
+    def _children(self, logits: torch.Tensor, ctx: DraftContext, scored: bool):
+        """The candidates under each of ``logits[..., V]``: ``(tokens[..., k], log-probabilities[..., k] or None,
+        q or None)``. A sampled chain draws one token from the head's softmax (``q`` returned) and scores it
+        with the top probability of that softmax, never the drawn token's own: keeping a draft because of
+        which token came out would bias it away from ``q``. A greedy chain takes the argmax (scored only when a
+        confidence stop needs it: argmax is cheaper than log-softmax); a tree the ``topk`` best."""
+        if ctx.do_sample and self.topk == 1:
+            tok, q = self._sample(logits, ctx)
+            return tok[..., None], (q.max(-1, keepdim=True).values.log() if scored else None), q
+        if self.topk == 1 and not scored:
+            return logits.argmax(-1, keepdim=True), None, None
+        logp = torch.log_softmax(logits, -1)
+        top = logp.max(-1, keepdim=True) if self.topk == 1 else logp.topk(self.topk, dim=-1)
+        return top.indices, top.values, None
+
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> list[DraftTree]:
         """Cache the newly committed positions, then grow a tree of depth ``num_draft_tokens``: at each depth
@@ -399,23 +414,11 @@ class EagleDrafter(TrainableDrafter):
         depth = max(1, min(self.num_draft_tokens, max(ctx.remaining) - 1))
         (ck, cv, cvalid, filled), root_logits, root_hid, root_pos = self._extend_cache(ctx, room=(depth - 1) * K)
         B, dev = len(ctx.rows), root_logits.device
-        sample_chain = ctx.do_sample and K == 1
         log_thr = None if self.stop is None else self.stop.log_threshold()
         # Candidates, per row: token, cumulative log-probability, parent candidate (-1: the root), depth.
-        if sample_chain:
-            tok, q = self._sample(root_logits, ctx)
-            # Confidence of a sampled draft is its distribution's top probability, never the sampled token's
-            # own: keeping a draft because of which token came out would bias it away from q.
-            first = torch.zeros(B, 1, device=dev) if log_thr is None else q.max(-1, keepdim=True).values.log()
-            toks, scores, qs = [tok[:, None]], [first], [q[:, None]]
-        elif K == 1 and log_thr is None:  # a greedy chain needs no scores: argmax is cheaper than log-softmax
-            toks, scores, qs = [root_logits.argmax(-1, keepdim=True)], [torch.zeros(B, 1, device=dev)], []
-        elif K == 1:
-            top = torch.log_softmax(root_logits, -1).max(-1, keepdim=True)
-            toks, scores, qs = [top.indices], [top.values], []
-        else:
-            top = torch.log_softmax(root_logits, -1).topk(K, dim=-1)
-            toks, scores, qs = [top.indices], [top.values], []
+        tok, logp, q = self._children(root_logits, ctx, scored=log_thr is not None)
+        toks, qs = [tok], ([] if q is None else [q[:, None]])
+        scores = [torch.zeros(B, 1, device=dev) if logp is None else logp]
         parents = [torch.full((B, toks[0].shape[1]), -1, dtype=torch.long, device=dev)]
         depths = [torch.zeros_like(parents[0])]
         fwd = torch.arange(toks[0].shape[1], device=dev)[None].expand(B, -1)  # candidates run at this depth
@@ -438,19 +441,10 @@ class EagleDrafter(TrainableDrafter):
             logits, hid, _, _ = self(all_tok.gather(1, fwd), fwd_feat, (root_pos + d)[:, None].expand(B, W), allowed,
                                      ck, cv, start=filled)
             filled += W
-            if sample_chain:
-                tok, q = self._sample(logits[:, 0], ctx)
-                child_score = fwd_score[:, :, None] if log_thr is None else \
-                    fwd_score[:, :, None] + q.max(-1, keepdim=True).values.log()[:, None]
-                child_tok, qs = tok[:, None, None], qs + [q[:, None]]
-            elif K == 1 and log_thr is None:
-                child_tok, child_score = logits.argmax(-1, keepdim=True), fwd_score[:, :, None]
-            elif K == 1:
-                top = torch.log_softmax(logits, -1).max(-1, keepdim=True)
-                child_tok, child_score = top.indices, fwd_score[:, :, None] + top.values
-            else:
-                top = torch.log_softmax(logits, -1).topk(K, dim=-1)  # [B, W, K]
-                child_tok, child_score = top.indices, fwd_score[:, :, None] + top.values
+            child_tok, logp, q = self._children(logits, ctx, scored=log_thr is not None)  # [B, W, k]
+            child_score = fwd_score[:, :, None] if logp is None else fwd_score[:, :, None] + logp
+            if q is not None:
+                qs.append(q)
             child_parent = fwd[:, :, None].expand_as(child_tok)
             flat_score = child_score.reshape(B, -1)
             toks.append(child_tok.reshape(B, -1))
