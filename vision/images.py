@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmspec.errors import InvalidImageError
 
@@ -40,10 +40,15 @@ def load_image(x) -> Image.Image:
     Accepts:
         * a path (``str`` or ``pathlib.Path``) to an image file Pillow can read (``~`` expanded);
         * raw encoded bytes (``bytes`` / ``bytearray``);
-        * a ``PIL.Image`` in any mode (converted to RGB; alpha is dropped);
-        * a ``numpy`` array, ``HW`` (grey), ``HWC`` or ``CHW`` with 1, 3 or 4 channels; ``uint8`` as is,
-          floats in ``[0, 1]`` scaled by 255 (other floats and integers clipped to ``[0, 255]``);
+        * a ``PIL.Image`` in any mode (converted to RGB as transformers' processors convert it: transparency
+          (RGBA, LA, a palette's transparent colour) composited on white; 16-bit grey scaled to 8 bits);
+        * a ``numpy`` array, ``HW`` (grey), ``HWC`` or ``CHW`` with 1, 3 or 4 channels (4: RGBA, composited
+          on white); ``uint8`` as is, ``uint16`` scaled to 8 bits, floats in ``[0, 1]`` scaled by 255 (other
+          floats and integers clipped to ``[0, 255]``);
         * a ``torch.Tensor``, same layouts (``CHW`` is tried first for tensors, ``HWC`` first for arrays).
+
+    Files and bytes are shown upright: an EXIF orientation (phone photos) is applied. A PIL image is taken
+    as the caller holds it (no EXIF turn), so the pipeline sees what the processor would.
 
     Raises:
         InvalidImageError: missing, unreadable or empty file; URL (nothing is downloaded); zero-size
@@ -55,7 +60,7 @@ def load_image(x) -> Image.Image:
         'RGB'
     """
     if isinstance(x, Image.Image):
-        return _check_pil(x, "image").convert("RGB")
+        return _to_rgb(_check_pil(x, "image"))
     if isinstance(x, (str, os.PathLike)):
         return _from_path(x)
     if isinstance(x, (bytes, bytearray, memoryview)):
@@ -146,7 +151,8 @@ def _open(fp, what: str) -> Image.Image:
         with Image.open(fp) as img:
             img.load()
             _check_pil(img, what)
-            return img.convert("RGB")
+            # A camera stores the sensor's pixels and says in EXIF how to turn them; viewers apply it.
+            return _to_rgb(ImageOps.exif_transpose(img))
     except InvalidImageError:
         raise
     except UnidentifiedImageError as e:
@@ -184,6 +190,8 @@ def _from_array(arr: np.ndarray, channels_first: bool) -> Image.Image:
         if arr.min() >= 0.0 and arr.max() <= 1.0:
             arr = arr * 255.0
         arr = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+    elif arr.dtype == np.uint16:  # 16-bit grey or colour: the same scale as a 16-bit PNG
+        arr = np.rint(arr / 257.0).astype(np.uint8)
     elif np.issubdtype(arr.dtype, np.integer):
         if arr.dtype != np.uint8:
             arr = np.clip(arr, 0, 255).astype(np.uint8)
@@ -191,4 +199,24 @@ def _from_array(arr: np.ndarray, channels_first: bool) -> Image.Image:
         raise InvalidImageError(f"unsupported image array dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr)
     img = Image.fromarray(arr[:, :, 0] if arr.shape[-1] == 1 else arr)
+    return _to_rgb(img)
+
+
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """RGB as transformers' ``convert_to_rgb`` makes it (transparency composited on white: Pillow's own
+    ``convert("RGB")`` drops alpha, so black text on a transparent page became an all-black picture), with
+    16-bit grey scaled to 8 bits (Pillow clips it, so everything above 255 of 65535 became white)."""
+    if img.mode in _SIXTEEN_BIT or img.mode == "I":
+        values = np.asarray(img, dtype=np.float64)
+        # "I" (32-bit) is how some Pillow versions read a 16-bit PNG; 8-bit data read as "I" stays as it is.
+        if img.mode != "I" or values.max() > 255:
+            values = values / 257.0
+        return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8)).convert("RGB")
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
     return img.convert("RGB")
