@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 from mmspec.bench import plain_record
+from mmspec.checkpoints import dtype_note, resolve_dtype
 
 from .pipeline import STAGES, DrivingPipeline
 from .train_vla import DrivingVLA, score_step, summarize_scores
@@ -29,8 +30,8 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
     """Measure :class:`DrivingPipeline` of the VLA at ``model`` on ``examples``; one ``ar`` record."""
     from tqdm.auto import tqdm
 
-    vla = DrivingVLA.from_pretrained(model)
     device = cfg.resolved_device()
+    vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(cfg.dtype, model, device))
     vla.to(device)
     pipe = DrivingPipeline(vla)
     first = examples[0]
@@ -45,5 +46,6 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
         scores.append(score_step(res, ex))
     note = ("DrivingPipeline.step, batch 1 (one car, one tick); quality on the same steps, one trajectory "
             "sample each")
+    note += "; " + (dtype_note(cfg.dtype, model, device) or "run in its stored dtype")
     return [plain_record("driving", 1, len(examples), [t / 1e3 for t in stages["total"]], tokens, stages,
-                         summarize_scores(scores), note)]
+                         summarize_scores(scores), note, dtype=vla.backbone.dtype)]

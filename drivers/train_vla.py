@@ -78,15 +78,25 @@ class DrivingVLA(torch.nn.Module):
                        "action_scale": self.expert.action_scale.tolist()}, f)
 
     @classmethod
-    def from_pretrained(cls, path: str) -> "DrivingVLA":
+    def from_pretrained(cls, path: str, dtype="auto") -> "DrivingVLA":
+        """Load a VLA saved by :meth:`save_pretrained`; ``dtype="auto"`` runs it in the dtype its weights are
+        stored in (bf16 for the bundled one), ``"float32"`` (what training resumes in) or another name.
+
+        Example:
+            >>> DrivingVLA.from_pretrained(VLA_DIR).backbone.dtype                  # doctest: +SKIP
+            torch.bfloat16
+        """
         from safetensors.torch import load_file
         from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
-        backbone = Qwen2VLForConditionalGeneration.from_pretrained(path).eval()
+        from mmspec.checkpoints import resolve_dtype
+
+        dtype = resolve_dtype(dtype, path)
+        backbone = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
         with open(os.path.join(path, EXPERT_CONFIG)) as f:
             expert = TrajectoryExpert(backbone.config.text_config, **{**LEGACY_NORMALIZATION, **json.load(f)})
         expert.load_state_dict(load_file(os.path.join(path, EXPERT_NAME)))
-        return cls(backbone, AutoProcessor.from_pretrained(path), expert.eval())
+        return cls(backbone, AutoProcessor.from_pretrained(path), expert.to(backbone.dtype).eval())
 
 
 def build_vla(size: str = "small", tokenizer_texts: int = 2000, vocab_size: int = 512, seed: int = 0) -> DrivingVLA:
@@ -221,9 +231,9 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     state_path = os.path.join(cfg.out, "state.pt")
     resume = os.path.isfile(state_path)
     if resume:
-        vla = DrivingVLA.from_pretrained(cfg.out)
+        vla = DrivingVLA.from_pretrained(cfg.out, dtype=torch.float32)
     elif cfg.init:
-        vla = DrivingVLA.from_pretrained(cfg.init)
+        vla = DrivingVLA.from_pretrained(cfg.init, dtype=torch.float32)
         vla.expert.action_mean.copy_(torch.tensor(ACTION_MEAN))
         vla.expert.action_scale.copy_(torch.tensor(ACTION_SCALE))
     else:
@@ -307,7 +317,7 @@ def export_vla(src: str, out: str = VLA_DIR, dtype=torch.bfloat16) -> str:
     beside them. What ships is this rounded model; measurements use it, not ``src``."""
     from mmspec.checkpoints import copy_training_files
 
-    DrivingVLA.from_pretrained(src).save_pretrained(out, dtype=dtype)
+    DrivingVLA.from_pretrained(src, dtype=torch.float32).save_pretrained(out, dtype=dtype)
     copy_training_files(src, out)
     return out
 

@@ -20,6 +20,7 @@ import sys
 import time
 
 from mmspec.bench import plain_record
+from mmspec.checkpoints import dtype_note, resolve_dtype
 
 from .generator import ImageARPipeline
 
@@ -32,8 +33,8 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
 
     from . import quality
 
-    pipe = ImageARPipeline.from_pretrained(model)
     device = cfg.resolved_device()
+    pipe = ImageARPipeline.from_pretrained(model, dtype=resolve_dtype(cfg.dtype, model, device))
     pipe.model.to(device)
     if pipe.vq is not None:
         pipe.vq.to(device)
@@ -65,7 +66,7 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                      real_prompt_accuracy=quality.prompt_accuracy(clf, real, prompts)["all"])
         note = (f"ImageARPipeline ({pipe.backend}), classifier-free guidance {pipe.cfg_scale}"
                 f"{' (batch doubled)' if pipe.cfg_scale > 1 else ''}, "
-                "temperature 1, seeded per batch")
+                "temperature 1, seeded per batch; " + (dtype_note(cfg.dtype, model, device) or "stored dtype"))
         records.append(plain_record("images", bs, len(examples), [t / 1e3 for t in stages["total"]], tokens,
-                                    stages, q, note))
+                                    stages, q, note, dtype=pipe.model.dtype))
     return records

@@ -159,20 +159,30 @@ class ImageARPipeline:
         self.last_timings_ms: dict = {}
 
     @classmethod
-    def from_pretrained(cls, path: str) -> "ImageARPipeline":
+    def from_pretrained(cls, path: str, dtype="auto") -> "ImageARPipeline":
+        """Load a generator saved by :meth:`save_pretrained`; ``dtype="auto"`` runs it in the dtype its weights
+        are stored in (bf16 for the bundled one; the VQ decoder stays float32), or a dtype name.
+
+        Example:
+            >>> ImageARPipeline.from_pretrained(GENERATOR_DIR).model.dtype          # doctest: +SKIP
+            torch.bfloat16
+        """
         from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration, LlamaForCausalLM
 
+        from mmspec.checkpoints import resolve_dtype
+
+        dtype = resolve_dtype(dtype, path)
         config = AutoConfig.from_pretrained(path)
         tok = AutoTokenizer.from_pretrained(path)
         if config.model_type == "janus":
-            model = JanusForConditionalGeneration.from_pretrained(path).eval()
+            model = JanusForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
             gc = model.generation_config
             if not getattr(gc, "generation_kwargs", None):  # its image loop reads <boi> from here
                 gc.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
             return cls(model, tok)
         with open(os.path.join(path, GEN_CONFIG)) as f:
             extra = json.load(f)
-        model = LlamaForCausalLM.from_pretrained(path).eval()
+        model = LlamaForCausalLM.from_pretrained(path, dtype=dtype).eval()
         model.generation_config.image_code_offset = extra["image_code_offset"]
         return cls(model, tok, VQVAE.from_pretrained(os.path.join(path, "vq")), grid=extra["grid"],
                    cfg_scale=extra.get("cfg_scale"))
@@ -248,7 +258,7 @@ def export_generator(src: str, out: str = GENERATOR_DIR, dtype=torch.bfloat16) -
     """The shippable copy of a trained generator (and its VQ-VAE): weights in ``dtype``, loaded as float32."""
     from mmspec.checkpoints import copy_training_files
 
-    ImageARPipeline.from_pretrained(src).save_pretrained(out, dtype=dtype)
+    ImageARPipeline.from_pretrained(src, dtype=torch.float32).save_pretrained(out, dtype=dtype)
     copy_training_files(src, out)
     return out
 
@@ -269,7 +279,7 @@ def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int =
     state_path = os.path.join(out, "state.pt")
     vq = VQVAE.from_pretrained(vq_path)
     if os.path.isfile(state_path):
-        pipe = ImageARPipeline.from_pretrained(out)
+        pipe = ImageARPipeline.from_pretrained(out, dtype=torch.float32)
         saved = torch.load(state_path, weights_only=True)
     else:
         model, tok = build_generator(vq, size, seed=seed)

@@ -16,7 +16,11 @@ How it measures, per (workload, batch size):
   batch to spread drift, each timed with ``time.perf_counter`` (CUDA synchronised on GPU);
 * ``speedup_vs_ar`` = (sum of AR times) / (sum of the system's times) over the same batches
   (``speedup_median``: the median of the per-batch ratios, robust to a disturbed run);
-  ``identical_to_ar`` says whether every output equalled AR's token for token (greedy);
+  ``identical_to_ar`` says whether every output equalled AR's token for token (greedy), ``identical_rate``
+  the share of rows that did (up to each row's first eos); for a row that differs, ``divergences`` gives
+  the first differing position, both tokens and the target's logit margin between them there (one
+  teacher-forced pass over AR's output): in bf16 a pass over several tokens may round differently from a
+  one-token step, so a near-tie can flip (margin of a rounding step) where fp32 is exact;
 * τ, per-position acceptance and the accepted-length histogram are pooled over all rounds with
   :meth:`SpecStats.merge`; transformers does not expose its rounds, so τ is ``null`` there, but its
   target forward passes are counted with a forward pre-hook (``forwards_per_token``).
@@ -46,6 +50,7 @@ from datetime import datetime, timezone
 import torch
 
 from .budget import DepthBudget
+from .checkpoints import dtype_note, resolve_dtype
 from .errors import InvalidInputError
 from .registry import UNION_SEP
 from .stats import SpecStats
@@ -131,6 +136,8 @@ class BenchConfig:
         device: ``"cpu"``, ``"cuda"``...; default CUDA when available.
         threads: ``torch.set_num_threads`` for the run (default: torch's choice). On a small, busy CPU one
             thread is often faster and steadier for tiny models.
+        dtype: the dtype every model runs in: ``"auto"`` (default, the checkpoint's stored dtype: bf16 for
+            the bundled models), ``"bfloat16"``, ``"float16"``, ``"float32"``.
 
     Example:
         >>> BenchConfig(quick=True).resolved_sizes()
@@ -150,6 +157,7 @@ class BenchConfig:
     lookup_tokens: int = 8
     device: str | None = None
     threads: int | None = None
+    dtype: str | None = "auto"
 
     def resolved_device(self) -> torch.device:
         """``device``, or CUDA when available, else the CPU: where every system and plain pipeline runs.
@@ -460,6 +468,9 @@ class _Tally:
     forwards: int = 0
     new_tokens: int = 0
     identical: bool = True
+    rows: int = 0
+    identical_rows: int = 0
+    divergences: list = field(default_factory=list)
     stats: SpecStats | None = None
 
 
@@ -489,6 +500,62 @@ def _count_new_tokens(sequences, prompt_len: int, eos_ids: set) -> int:
         stop = next((i for i, t in enumerate(row) if t in eos_ids), None)
         total += len(row) if stop is None else stop + 1
     return total
+
+
+def _row_tokens(sequences, prompt_len: int, eos_ids: set) -> list:
+    """Each row's generated tokens up to and including its first eos (what identity is judged on: trailing
+    padding after a finished row depends on when the batch stopped, not on what the row said).
+
+    Example:
+        >>> _row_tokens(torch.tensor([[9, 1, 7, 0], [9, 1, 2, 3]]), 1, {7})
+        [[1, 7], [1, 2, 3]]
+    """
+    out = []
+    for row in sequences[:, prompt_len:].tolist():
+        stop = next((i for i, t in enumerate(row) if t in eos_ids), None)
+        out.append(row if stop is None else row[: stop + 1])
+    return out
+
+
+def _divergences(model, inputs, ar_seq, rows: list, other: list, ar: list, where: str) -> list:
+    """For each row in ``rows`` (where ``other`` differs from ``ar``), the first differing position, both
+    tokens and the target's logits for them there, from one teacher-forced pass over AR's own output.
+
+    The margin ``logit(ar_token) - logit(other_token)`` tells a near-tie (a fraction of a rounding step
+    of the dtype: bf16 keeps 8 bits of mantissa) from a bug (a clear winner replaced).
+    """
+    import torch.nn.functional as F
+
+    prompt_len = inputs["input_ids"].shape[1]
+    first = {}
+    for r in rows:
+        a, b = ar[r], other[r]
+        first[r] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    upto = prompt_len + max(first.values())  # logits at position p - 1 predict token p
+    seq = ar_seq[:, :upto].to(inputs["input_ids"].device)
+    extra = upto - prompt_len
+    fwd = {}
+    for k, v in inputs.items():
+        if torch.is_tensor(v) and v.dim() == 2 and v.shape == inputs["input_ids"].shape and k != "input_ids":
+            fill = 1 if k == "attention_mask" else 0  # new tokens are text: attended, not multimodal
+            v = torch.cat([v, torch.full((v.shape[0], extra), fill, dtype=v.dtype, device=v.device)], dim=1)
+        fwd[k] = v
+    fwd["input_ids"] = seq
+    with torch.no_grad():
+        logits = model(**fwd).logits.float()
+    out = []
+    for r in rows:
+        p = first[r]
+        a = ar[r][p] if p < len(ar[r]) else None
+        b = other[r][p] if p < len(other[r]) else None
+        row = {"batch": where, "row": r, "position": p, "ar_token": a, "token": b}
+        if a is not None and b is not None:
+            lg = logits[r, prompt_len + p - 1]
+            top2 = lg.topk(2)
+            row.update(margin=float(lg[a] - lg[b]), top2_gap=float(top2.values[0] - top2.values[1]),
+                       ar_prob=float(F.softmax(lg, -1)[a]))
+        out.append(row)
+    return out
 
 
 def _eos_ids(model) -> set:
@@ -543,9 +610,17 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
             t.new_tokens += _count_new_tokens(seq, inputs["input_ids"].shape[1], eos_ids)
             if stats is not None:
                 t.stats = (t.stats or SpecStats()).merge(stats)
+        plen = inputs["input_ids"].shape[1]
+        ar_rows = _row_tokens(outputs["ar"], plen, eos_ids) if "ar" in outputs else None
         for t in live:
-            if t.system.name in outputs:
-                t.identical = t.identical and torch.equal(outputs[t.system.name], outputs["ar"])
+            if t.system.name in outputs and ar_rows is not None:
+                rows = _row_tokens(outputs[t.system.name], plen, eos_ids)
+                differ = [r for r, (a, b) in enumerate(zip(ar_rows, rows)) if a != b]
+                t.rows += len(rows)
+                t.identical_rows += len(rows) - len(differ)
+                t.identical = t.identical and not differ
+                if differ:
+                    t.divergences += _divergences(t.system.model, inputs, outputs["ar"], differ, rows, ar_rows, where)
     return tallies
 
 
@@ -558,11 +633,12 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     """
     s, kind, ok = tally.stats, tally.system.kind, tally.status == "ok"
     rec = {"workload": workload, "system": tally.system.label, "spec": tally.system.name, "kind": kind,
-           "batch_size": batch_size, "status": tally.status, "n_examples": n_examples, "note": tally.system.note}
+           "batch_size": batch_size, "status": tally.status, "n_examples": n_examples, "note": tally.system.note,
+           "dtype": dtype_name(getattr(tally.system.model, "dtype", None))}
     if not ok:
         measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
-                    "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar", "new_tokens",
-                    "lossless")
+                    "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar",
+                    "identical_rate", "divergences", "new_tokens", "lossless")
         return {**rec, **dict.fromkeys(measured)}
     if kind == "mmspec":
         fpt, tau, lossless = s.forwards_per_token, s.tau, s.lossless
@@ -582,6 +658,8 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
         tokens_per_s=tally.new_tokens / tally.time if tally.time else None,
         time_s=tally.time,
         identical_to_ar=tally.identical,
+        identical_rate=tally.identical_rows / tally.rows if tally.rows else None,
+        divergences=tally.divergences,
         new_tokens=tally.new_tokens,
         lossless=lossless,
     )
@@ -590,8 +668,18 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     return rec
 
 
+def dtype_name(dtype) -> str | None:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (how records name a dtype); ``None`` stays ``None``.
+
+    Example:
+        >>> dtype_name(torch.bfloat16), dtype_name(None)
+        ('bfloat16', None)
+    """
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def plain_record(workload: str, batch_size: int, n_examples: int, batch_times: list, new_tokens: int,
-                 latency_ms: dict, quality: dict, note: str = "") -> dict:
+                 latency_ms: dict, quality: dict, note: str = "", dtype=None) -> dict:
     """The ``ar`` record of a workload served by its own plain pipeline (a driving VLA, an image generator):
     the fields every record has (AR against itself: ``speedup_vs_ar`` 1, ``tau`` 1, identical, lossless),
     plus ``latency_ms`` (mean per stage over the timed calls, with ``p50`` / ``p90`` of ``total``) and
@@ -611,8 +699,9 @@ def plain_record(workload: str, batch_size: int, n_examples: int, batch_times: l
             "status": "ok", "n_examples": n_examples, "note": note, "tau": 1.0, "accept_rate": None,
             "accepted_hist": None, "ceiling_rounds": None, "speedup_vs_ar": 1.0, "speedup_median": 1.0,
             "forwards_per_token": 1.0, "target_forwards": None, "tokens_per_s": new_tokens / total if total else None,
-            "time_s": total, "identical_to_ar": True, "new_tokens": new_tokens, "lossless": True,
-            "latency_ms": lat, "quality": quality}
+            "time_s": total, "identical_to_ar": True, "identical_rate": 1.0, "divergences": [],
+            "new_tokens": new_tokens, "lossless": True, "latency_ms": lat, "quality": quality,
+            "dtype": dtype_name(dtype)}
 
 
 def model_for(workload: str, model: str | None) -> str | None:
@@ -668,7 +757,7 @@ class BenchReport:
                 ("tau", "tau", "{:.2f}"), ("fwd/tok", "forwards_per_token", "{:.3f}"),
                 ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup_vs_ar", "{:.2f}x"),
                 ("median", "speedup_median", "{:.2f}x"),
-                ("same", "identical_to_ar", "{}"), ("status", "status", "{}")]
+                ("same", "identical_rate", "{:.0%}"), ("status", "status", "{}")]
         rows = [[_fmt(r[key], fmt) if key != "status" else r[key].split(":")[0] for _, key, fmt in cols]
                 for r in self.results]
         widths = [max([len(head)] + [len(row[i]) for row in rows]) for i, (head, _, _) in enumerate(cols)]
@@ -683,7 +772,8 @@ class BenchReport:
         if notes:
             out += ["", "not run:"] + notes
         out += ["", "speedup: sum of AR times / sum of the system's times, interleaved on the same inputs after a "
-                    "warm-up; median: median of the per-batch ratios; same: output identical to AR token for token"]
+                    "warm-up; median: median of the per-batch ratios; same: share of rows identical to AR token for "
+                    f"token (dtype {self.meta.get('dtype')})"]
         return "\n".join(out)
 
     def save_png(self, path) -> None:
@@ -853,8 +943,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     examples = {w.name: w.examples(cfg.split, n) for w in workloads}
     model_path = vlm_model or default_model_path(workloads)
     with _quiet_transformers():
-        pipe = MMSpecPipeline.from_pretrained(model_path)
         device = cfg.resolved_device()
+        pipe = MMSpecPipeline.from_pretrained(model_path, dtype=resolve_dtype(cfg.dtype, model_path, device))
         pipe.model.to(device)
         systems = build_systems(names, pipe.model, cfg, max_new)
         eos_ids = _eos_ids(pipe.model)
@@ -871,6 +961,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
                     ar = tallies[0]
                     results += [_record(wl.name, bs, n, t, ar) for t in tallies]
     meta = _meta(cfg, model_path, pipe.model, n, max_new)
+    meta["dtype_note"] = dtype_note(cfg.dtype, model_path, device)
     if plain_models:
         meta["models"] = {**plain_models, **{w.name: model_path for w in workloads}}
     return BenchReport(results, meta)

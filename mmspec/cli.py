@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 __all__ = ["main", "build_parser"]
@@ -29,7 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["generate", "--model", "m", "--prompt", "hi"]).max_new_tokens
         64
     """
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="mmspec", description="Lossless speculative decoding for (V)LMs.")
+    parser.add_argument("--version", action="version", version=f"mmspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -47,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    g.add_argument("--dtype", default=None, help="model dtype (e.g. float32, bfloat16, auto)")
+    _dtype_argument(g)
     g.add_argument("--device-map", default=None, help="e.g. auto, cpu, cuda:0")
     g.add_argument("--task", default=None, help="force a pipeline task (default: chosen from the model type)")
     g.add_argument("--trust-remote-code", action="store_true", help="allow custom code from the checkpoint")
@@ -58,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out-dir", default=None,
                    help="where the tiny random model lives (implies --random; default ~/.cache/mmspec/tiny-vlm)")
     d.add_argument("--max-new-tokens", type=int, default=None)
+    _dtype_argument(d)
 
     b = sub.add_parser("bench", help="AR vs transformers assisted generation vs mmspec drafters, in one run",
                        description="Interleaved benchmark on workloads: speedup over AR measured in one run, "
@@ -80,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: cuda when available)")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _dtype_argument(b)
     b.add_argument("--quick", action="store_true", help="few examples, short generations (< 2 min on a CPU)")
     b.add_argument("--json", default=None, metavar="PATH", help="write {results, meta} as JSON")
     b.add_argument("--png", default=None, metavar="PATH", help="write histogram and speedup charts")
@@ -105,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ttt-steps", type=int, default=None,
                    help="training-time-test unroll depth (default: the draft depth, --num-draft-tokens)")
     t.add_argument("--num-draft-tokens", type=int, default=4, help="chain depth saved with the drafter")
+    t.add_argument("--options", type=_json_object, default=None, metavar="JSON",
+                   help="the kind's own settings as a JSON object, e.g. '{\"num_anchors\": 16}' for glance")
     t.add_argument("--out", required=True, help="output folder")
     t.add_argument("--save-every", type=int, default=100, help="checkpoint period in steps (0: final only)")
     t.add_argument("--shard-size", type=int, default=16, help="records per data shard")
@@ -117,8 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stage", choices=("all", "data", "fit"), default="all",
                    help="data: stage 1 only; fit: stage 2 only (on existing shards); all: both (default)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _dtype_argument(t, "the target's dtype in the data stage")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def _dtype_argument(parser, what: str = "the dtype models run in") -> None:
+    from .checkpoints import DTYPE_CHOICES
+
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help=f"{what}: auto (default) is the dtype the checkpoint's weights are stored in "
+                             "(bfloat16 for the bundled models); float32 for exactness checks")
+
+
+def _json_object(text: str) -> dict:
+    from .train import _json_dict
+
+    return _json_dict(text)
 
 
 def _generate(args) -> int:
@@ -128,6 +151,11 @@ def _generate(args) -> int:
     pipe = MMSpecPipeline.from_pretrained(args.model, drafter=drafter, task=args.task, dtype=args.dtype,
                                           device_map=args.device_map, trust_remote_code=args.trust_remote_code)
     kwargs = {}
+    ignored = [f"--{n.replace('_', '-')}" for n in ("temperature", "top_p", "top_k", "seed")
+               if getattr(args, n) is not None]
+    if ignored and not args.do_sample:
+        # Greedy decoding has no use for them; a user who set them expects sampling and should hear otherwise.
+        print(f"mmspec: warning: {', '.join(ignored)} ignored without --do-sample (greedy decoding)", file=sys.stderr)
     if args.do_sample:
         kwargs["do_sample"] = True
         for name in ("temperature", "top_p", "top_k"):
@@ -149,7 +177,8 @@ def _generate(args) -> int:
 def _demo(args) -> int:
     from .demo import run_demo
 
-    out = run_demo(out_dir=args.out_dir, max_new_tokens=args.max_new_tokens, random_model=args.random)
+    out = run_demo(out_dir=args.out_dir, max_new_tokens=args.max_new_tokens, random_model=args.random,
+                   dtype=args.dtype)
     return 0 if out.info.get("matches_generate", True) else 1
 
 
@@ -160,7 +189,7 @@ def _bench(args) -> int:
     cfg = BenchConfig(model=args.model, workloads=parse_csv(args.workload), systems=parse_csv(args.systems),
                       draft_model=args.draft_model, n=args.n, max_new_tokens=args.max_new_tokens,
                       batch_sizes=parse_csv(args.batch_sizes, int, "batch size"), split=args.split, seed=args.seed,
-                      quick=args.quick, device=args.device, threads=args.threads)
+                      quick=args.quick, device=args.device, threads=args.threads, dtype=args.dtype)
     report = run_bench(cfg, progress=not args.no_progress)
     print(report.table())
     if args.json:
@@ -180,9 +209,14 @@ def _train(args) -> int:
                       batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
                       ttt=not args.no_ttt, ttt_steps=args.ttt_steps, save_every=args.save_every,
                       shard_size=args.shard_size, num_draft_tokens=args.num_draft_tokens, resume=args.resume,
-                      val_shards=args.val_shards,
-                      seed=args.seed, split=args.split, threads=args.threads, progress=not args.no_progress)
+                      val_shards=args.val_shards, options=args.options or {},
+                      seed=args.seed, split=args.split, threads=args.threads, progress=not args.no_progress,
+                      dtype=args.dtype)
     {"all": train, "data": collect_data, "fit": fit}[args.stage](cfg)
+    from .train import run_summary
+
+    if os.environ.get("RANK", "0") == "0":  # one line per run, not one per process of a launched run
+        print(run_summary(cfg, args.stage))
     return 0
 
 

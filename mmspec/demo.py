@@ -22,6 +22,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .checkpoints import dtype_note
+
 __all__ = ["build_tiny_vlm", "build_qwen2vl", "train_tokenizer", "tiny_vlm_path", "draw_test_image", "run_demo", "QWEN_SPECIAL_TOKENS", "CHAT_TEMPLATE"]
 
 # Bump when what build_tiny_vlm writes changes, so cached copies are rebuilt.
@@ -253,7 +255,7 @@ def draw_test_image(width: int = 112, height: int = 84):
 
 
 def run_demo(out_dir=None, max_new_tokens: int | None = None, prompt: str | None = None, print_fn=print,
-             random_model: bool = False):
+             random_model: bool = False, dtype="auto"):
     """Run mmspec on the bundled trained testbed VLM (or the tiny random one) and check it against
     ``model.generate``.
 
@@ -272,6 +274,9 @@ def run_demo(out_dir=None, max_new_tokens: int | None = None, prompt: str | None
             trained target; 48 tokens and a shapes question for the tiny one).
         print_fn: where the report goes (``print`` by default).
         random_model: use the tiny random VLM even when a trained target ships.
+        dtype: the target's dtype (``"auto"``: as stored, bf16 for the bundled target). In bf16 a pass over
+            several tokens may round differently from a one-token step, so the check against ``generate``
+            is exact only in float32 (see the README, "Exactness").
 
     Returns:
         the :class:`~mmspec.pipelines.PipelineOutput` of the speculative run;
@@ -283,6 +288,10 @@ def run_demo(out_dir=None, max_new_tokens: int | None = None, prompt: str | None
     """
     from transformers.utils import logging as hf_logging
 
+    from .checks import check_max_new_tokens
+
+    if max_new_tokens is not None:  # before any loading; 0 once fell through ``or`` to the default
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the load bars of a 0.7 MB model are noise here
     try:
@@ -290,15 +299,15 @@ def run_demo(out_dir=None, max_new_tokens: int | None = None, prompt: str | None
 
         docs = None if (out_dir is not None or random_model) else get_workload("docs")
         if docs is not None and docs.bundled_model():
-            return _run_trained_demo(docs, max_new_tokens or 256, prompt, print_fn)
+            return _run_trained_demo(docs, max_new_tokens or 256, prompt, print_fn, dtype)
         return _run_demo(out_dir, max_new_tokens or 48, prompt or "Describe the image. How many shapes are there?",
-                         print_fn)
+                         print_fn, dtype)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
 
 
-def _run_trained_demo(docs, max_new_tokens, prompt, print_fn):
+def _run_trained_demo(docs, max_new_tokens, prompt, print_fn, dtype="auto"):
     from .pipelines import MMSpecPipeline
 
     path = docs.bundled_model()
@@ -320,11 +329,13 @@ def _run_trained_demo(docs, max_new_tokens, prompt, print_fn):
                 elif "accuracy_blank" in q:  # testbed.grounding: does the answer depend on the image?
                     print_fn(f"  teacher-forced next-token accuracy with the image {q['accuracy']:.2f}, "
                              f"with a blank one {q['accuracy_blank']:.2f}")
-    pipe = MMSpecPipeline.from_pretrained(path, drafter=spec)
+    pipe = MMSpecPipeline.from_pretrained(path, drafter=spec, dtype=dtype)
+    note = dtype_note(dtype, path)
+    print_fn(f"dtype: {str(pipe.model.dtype).removeprefix('torch.')}" + (f" ({note})" if note else ""))
     return _compare(pipe, ex.images, prompt or ex.prompt, max_new_tokens, print_fn, f"page, {ex.id}")
 
 
-def _run_demo(out_dir, max_new_tokens, prompt, print_fn):
+def _run_demo(out_dir, max_new_tokens, prompt, print_fn, dtype="auto"):
     from .pipelines import MMSpecPipeline
 
     path = tiny_vlm_path(out_dir)
@@ -333,7 +344,7 @@ def _run_demo(out_dir, max_new_tokens, prompt, print_fn):
     print_fn("proposes tokens, the target verifies them in one pass per round, and the output must equal")
     print_fn("plain greedy model.generate token for token.")
     print_fn(f"model: {path}")
-    pipe = MMSpecPipeline.from_pretrained(path, drafter="lookup")
+    pipe = MMSpecPipeline.from_pretrained(path, drafter="lookup", dtype=dtype)
     return _compare(pipe, [draw_test_image()], prompt, max_new_tokens, print_fn, "image")
 
 
@@ -359,7 +370,10 @@ def _compare(pipe, images, prompt, max_new_tokens, print_fn, what):
     w, h = images[0].size
     print_fn(f"prompt: {prompt!r} (+ one {w}x{h} {what})")
     print_fn(f"text: {out.text!r}")
-    print_fn(f"equals model.generate (greedy): {same}")
+    print_fn(f"equals model.generate (greedy, {str(pipe.model.dtype).removeprefix('torch.')}): {same}")
+    if pipe.model.dtype != torch.float32 and not same:
+        print_fn("  (in bf16/fp16 a pass over several tokens can round differently from a one-token step, so a "
+                 "near-tie may flip; --dtype float32 is exact)")
     print_fn(str(out.stats))
     print_fn(f"wall clock (one run each, CPU: indicative only; mmspec bench measures): model.generate "
              f"{t_ar:.2f} s, mmspec {t_spec:.2f} s ({t_ar / t_spec:.2f}x)")

@@ -22,13 +22,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .checks import check_max_new_tokens, context_window
+from .checks import check_device_map, check_local_folder, check_max_new_tokens, context_window
 from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
 from .registry import make_drafter, pipeline_class_for, supported_model_types, supported_tasks
 from .stats import SpecStats
 
 __all__ = ["MMSpecPipeline", "PipelineOutput", "supported_model_types", "supported_tasks", "context_window",
-           "load_target_config", "check_max_new_tokens"]
+           "load_target_config", "check_max_new_tokens", "TASK_KEY"]
+
+TASK_KEY = "mmspec_task"
+"""The ``config.json`` key by which a checkpoint names the mmspec task that serves it (``"driving"``,
+``"images"``); :meth:`MMSpecPipeline.from_pretrained` reads it before the model type."""
 
 
 @dataclass
@@ -63,10 +67,7 @@ def load_target_config(target, trust_remote_code: bool = False):
     """
     from transformers import AutoConfig
 
-    target = os.path.expanduser(os.fspath(target))
-    looks_local = os.path.isabs(target) or target.startswith(".") or target.count("/") != 1
-    if looks_local and not os.path.isdir(target):
-        raise InvalidInputError(f"model folder not found: {target}")
+    target = check_local_folder(target)  # a missing local folder is said at once, not tried as a hub id
     try:
         return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
     except ValueError as e:  # unknown model_type, or custom code without trust_remote_code
@@ -75,6 +76,25 @@ def load_target_config(target, trust_remote_code: bool = False):
         ) from e
     except OSError as e:
         raise InvalidInputError(f"cannot read the config of {target}: {e}") from e
+
+
+def _load_device(device_map) -> str:
+    """The device type a ``device_map`` puts the model on (``"cuda"`` or ``"cpu"``), for choosing ``"auto"``'s
+    dtype.
+
+    Example:
+        >>> _load_device(None), _load_device({"": "cpu"})
+        ('cpu', 'cpu')
+    """
+    import torch
+
+    values = list(device_map.values()) if isinstance(device_map, dict) else [device_map]
+    for v in values:
+        if isinstance(v, int) or (isinstance(v, str) and (v.startswith("cuda") or v == "auto")) or \
+                (isinstance(v, torch.device) and v.type == "cuda"):
+            if torch.cuda.is_available():
+                return "cuda"
+    return "cpu"
 
 
 class MMSpecPipeline:
@@ -99,7 +119,7 @@ class MMSpecPipeline:
         self.drafter = make_drafter(drafter, model)
 
     @classmethod
-    def from_pretrained(cls, target, drafter=None, task=None, dtype=None, device_map=None, **kw):
+    def from_pretrained(cls, target, drafter=None, task=None, dtype="auto", device_map=None, **kw):
         """Load ``target`` (local folder or hub id) into the pipeline that serves it, paired with ``drafter``.
 
         Why: one call from checkpoint to a ready speculative decoder; the pipeline class is chosen from
@@ -110,9 +130,16 @@ class MMSpecPipeline:
             target: a folder written by ``save_pretrained`` or a hub id (hub ids need network access).
             drafter: anything :func:`mmspec.registry.make_drafter` takes: ``None``, a Drafter,
                 ``"lookup"``, ``"draft-model:PATH"``, ``{"kind": ..., ...}``.
-            task: force a pipeline (``"vlm"``, ...); by default chosen from the model type.
-            dtype, device_map: passed to the model's ``from_pretrained`` (``device_map="auto"`` spreads a
-                large target over the GPUs with accelerate).
+            task: force a pipeline (``"vlm"``, ``"driving"``, ``"images"``); by default the task the
+                checkpoint's config names (``mmspec_task``, written by the driving and image pipelines'
+                ``save_pretrained``), else chosen from the model type.
+            dtype: ``"auto"`` (default): the dtype the checkpoint's weights are stored in (bf16 for the
+                bundled models, whatever their ``config.json`` says), except on a device that would only
+                emulate it (a CPU without AVX512-BF16/AMX: float32, see
+                :func:`mmspec.checkpoints.dtype_note`); or ``"bfloat16"``, ``"float16"``, ``"float32"``, a
+                ``torch.dtype``. Drafters built for the target follow its dtype.
+            device_map: passed to the model's ``from_pretrained`` (``"auto"`` spreads a large target over
+                the GPUs with accelerate).
             **kw: further ``from_pretrained`` arguments; ``trust_remote_code`` stays ``False`` unless passed.
 
         Raises:
@@ -125,10 +152,19 @@ class MMSpecPipeline:
             >>> type(pipe).__name__                                                          # doctest: +SKIP
             'VLMPipeline'
         """
+        from .checkpoints import resolve_dtype
+
         trust_remote_code = bool(kw.pop("trust_remote_code", False))
+        check_device_map(device_map)
+        dtype = resolve_dtype(dtype)  # a bad name fails before the folder is read
         config = load_target_config(target, trust_remote_code=trust_remote_code)
+        if dtype == "auto":
+            dtype = resolve_dtype(dtype, os.path.expanduser(os.fspath(target)), _load_device(device_map))
         model_type = getattr(config, "model_type", None)
         if cls is MMSpecPipeline:
+            # A folder written for one of mmspec's own tasks says so in its config (a driving VLA is a qwen2_vl
+            # whose trajectory head the VLM pipeline would silently drop); ``task=`` still forces one.
+            task = task or getattr(config, TASK_KEY, None)
             pipe_cls = pipeline_class_for(task=task, model_type=model_type)
         else:
             pipe_cls = cls

@@ -49,15 +49,16 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
+from .checkpoints import resolve_dtype
 from .errors import InvalidInputError
 
 __all__ = ["TrainConfig", "Trainer", "EagleTrainer", "register_trainer", "get_trainer", "trainer_kinds",
            "collect_data", "fit", "train", "ShardStream", "write_shard", "read_shard", "latest_checkpoint",
-           "held_out_scores"]
+           "held_out_scores", "run_summary"]
 
 DATA_DIR = "data"
 INDEX_NAME = "index.json"
@@ -120,6 +121,11 @@ class TrainConfig:
             and at the end the drafter's loss and top-1 per unrolled step on them go to ``val_log.jsonl``: the
             acceptance to expect on prompts it never saw (a head that memorises its data shows it there first).
         seed, split, threads, progress: reproducibility and run-time knobs.
+        options: the kind's own settings (a JSON object, e.g. GLANCE's ``num_anchors``), validated by its
+            trainer's ``check_config`` and saved with the run, so a kind needs no field of its own here.
+        dtype: the target's dtype in the data stage (``"auto"``: the checkpoint's stored dtype, bf16 for the
+            bundled targets, so the drafter learns from the states it will see at run time); the drafter
+            itself trains in float32.
     """
 
     kind: str = "eagle"
@@ -145,6 +151,8 @@ class TrainConfig:
     split: str = "train"
     threads: int | None = None
     progress: bool = True
+    options: dict = field(default_factory=dict)
+    dtype: str = "auto"
 
     @property
     def unroll(self) -> int:
@@ -192,12 +200,18 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise InvalidInputError(f"{name} must be a non-negative integer (got {v!r})")
+        n_shards = -(-self.n_train // self.shard_size)
+        if self.val_shards and self.val_shards >= n_shards:
+            # Said here, not after the data stage has spent its hours (ShardStream would refuse it then).
+            raise InvalidInputError(f"val_shards {self.val_shards} leaves nothing to train on: n_train {self.n_train} "
+                                    f"/ shard_size {self.shard_size} makes {n_shards} data shards; hold out fewer")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise InvalidInputError(f"lr must be > 0 (got {self.lr!r})")
         if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
             raise InvalidInputError(f"weight_decay must be >= 0 (got {self.weight_decay!r})")
         if self.threads is not None and self.threads <= 0:
             raise InvalidInputError(f"threads must be positive (got {self.threads!r})")
+        resolve_dtype(self.dtype)  # a bad name fails here, before the data stage
         if self.layer_ids is not None:
             self.layer_ids = tuple(int(i) for i in self.layer_ids)
         if not os.path.isdir(self.target) and (os.path.isabs(self.target) or self.target.startswith(".")
@@ -331,6 +345,9 @@ def write_shard(path: str, records: list[dict], metadata: dict | None = None) ->
     meta["scalar_keys"] = json.dumps([k for k in keys if records[0][k].dim() == 0])
     tmp = f"{path}.tmp-{os.getpid()}"
     save_file(tensors, tmp, metadata=meta)
+    from .checkpoints import user_file_mode
+
+    user_file_mode(tmp)  # safetensors leaves 0600
     os.replace(tmp, path)
 
 
@@ -411,7 +428,7 @@ def _items(cfg: TrainConfig) -> list[tuple[str, int]]:
 def _load_target(cfg: TrainConfig, device):
     from .pipelines import MMSpecPipeline
 
-    pipe = MMSpecPipeline.from_pretrained(cfg.target)
+    pipe = MMSpecPipeline.from_pretrained(cfg.target, dtype=cfg.dtype)
     pipe.model.to(device).eval()
     return pipe
 
@@ -510,7 +527,8 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
                  "max_new_tokens": cfg.max_new_tokens, "shard_size": cfg.shard_size, "split": cfg.split,
                  "target": os.path.abspath(cfg.target) if os.path.isdir(cfg.target) else cfg.target}
     layer_ids = trainer.layer_ids(cfg, _target_config(cfg))
-    settings = {**meta_want, "layer_ids": list(layer_ids)}
+    dtype = resolve_dtype(cfg.dtype, cfg.target)
+    settings = {**meta_want, "layer_ids": list(layer_ids), "dtype": str(dtype).removeprefix("torch.")}
     if os.path.isfile(index_path):
         with open(index_path) as f:
             old = json.load(f)
@@ -673,7 +691,9 @@ def fit(cfg: TrainConfig, accelerator=None):
                    "time_s": round(time.time() - t0, 3), "world_size": acc.num_processes}
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-            bar.set_postfix(loss=f"{float(losses_m.sum()):.3f}", acc1=f"{float(accs_m[0]):.3f}")
+            # The first unrolled step's loss and top-1, as loss[0] / acc[0] of the log line (the sum over the
+            # unrolled steps that the bar once showed is in no log).
+            bar.set_postfix({"loss1": f"{float(losses_m[0]):.3f}", "acc1": f"{float(accs_m[0]):.3f}"})
         bar.update(1)
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
             if acc.is_main_process:
@@ -722,3 +742,40 @@ def train(cfg: TrainConfig, accelerator=None):
     acc = accelerator or _accelerator()
     collect_data(cfg, acc)
     return fit(cfg, acc)
+
+
+def run_summary(cfg: TrainConfig, stage: str = "all") -> str:
+    """The line ``mmspec train`` prints when a stage ends: where the result is, and how the drafter did.
+
+    Why: a run of hours should end by saying what it produced, not silently; the numbers are those of the
+    logs (the last step's loss and top-1 per unrolled step, and the last held-out scores when there are any).
+
+    Example:
+        >>> run_summary(TrainConfig(out="/no/run"), "fit")
+        'mmspec train: no training log in /no/run'
+    """
+    if stage == "data":
+        index_path = os.path.join(cfg.out, DATA_DIR, INDEX_NAME)
+        if not os.path.isfile(index_path):
+            return f"mmspec train: no target data in {os.path.join(cfg.out, DATA_DIR)}"
+        with open(index_path) as f:
+            shards = json.load(f).get("shards", [])
+        return (f"mmspec train: target data in {os.path.join(cfg.out, DATA_DIR)} "
+                f"({sum(s['n_records'] for s in shards)} records in {len(shards)} shards)")
+
+    def last(path):
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            lines = [line for line in f if line.strip()]
+        return json.loads(lines[-1]) if lines else None
+
+    rec = last(os.path.join(cfg.out, LOG_NAME))
+    if rec is None:
+        return f"mmspec train: no training log in {cfg.out}"
+    line = (f"mmspec train: {cfg.kind} drafter saved to {cfg.out} (step {rec['step']}; last step: loss "
+            f"{rec['loss']}, top-1 {rec['acc']}")
+    val = last(os.path.join(cfg.out, VAL_LOG_NAME))
+    if val is not None:
+        line += f"; held-out top-1 {val['acc']} on {val['records']} records"
+    return line + ")"

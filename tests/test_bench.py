@@ -54,9 +54,9 @@ FIELDS = {  # field -> types allowed when status is "ok" (every field is None wh
     "tau": (*NUMBER, type(None)), "accept_rate": (list, type(None)), "accepted_hist": (list, type(None)),
     "ceiling_rounds": (int, type(None)), "speedup_vs_ar": NUMBER, "speedup_median": NUMBER, "forwards_per_token": NUMBER,
     "target_forwards": int, "tokens_per_s": NUMBER, "time_s": NUMBER, "identical_to_ar": bool, "new_tokens": int,
-    "lossless": bool,
+    "lossless": bool, "identical_rate": NUMBER, "divergences": list, "dtype": str,
 }
-ALWAYS = ("workload", "system", "spec", "kind", "batch_size", "status", "n_examples")
+ALWAYS = ("workload", "system", "spec", "kind", "batch_size", "status", "n_examples", "dtype")
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +93,9 @@ def test_one_record_per_workload_system_batch_size_with_typed_fields(report):
                 assert r[name] is None, (r["system"], name)
         assert r["n_examples"] == 4
     meta = data["meta"]
-    for key in ("date", "machine", "torch", "transformers", "model", "args", "device"):
+    for key in ("date", "machine", "torch", "transformers", "model", "args", "device", "dtype"):
         assert meta[key], key
+    assert meta["dtype"] == "torch.float32" and all(r["dtype"] == "float32" for r in results)  # stored in fp32
     assert meta["args"]["max_new_tokens"] == 12 and meta["args"]["systems"] == SYSTEMS
 
 
@@ -311,3 +312,32 @@ def test_union_systems_resolve_label_and_build(tiny_vlm):
                                BenchConfig(lookup_tokens=5), 8)
     assert isinstance(union.drafter, UnionDrafter) and union.label == "lookup;max_matches=1 & lookup;history_tokens=9"
     assert [d.num_draft_tokens for d in union.drafter.drafters] == [5, 5]  # as deep as HF prompt lookup
+
+
+def test_identity_rate_and_first_divergence_with_its_logit_margin(tiny_vlm):
+    """A row that differs from AR is counted out of ``identical_rate`` and located: first differing position,
+    both tokens, and the target's logit margin between them there (AR's greedy token leads, so >= 0)."""
+    import torch
+
+    from mmspec.bench import _divergences, _row_tokens
+
+    pipe = mmspec.MMSpecPipeline.from_pretrained(tiny_vlm)
+    inputs = pipe.prepare(images=[[draw_test_image()], [draw_test_image(140, 84)]], prompt=list(PROMPTS[:2]))
+    ar = pipe.model.generate(**inputs, do_sample=False, max_new_tokens=6)
+    other = ar.clone()
+    P = inputs["input_ids"].shape[1]
+    other[1, P + 3] = (other[1, P + 3] + 1) % pipe.model.config.get_text_config().vocab_size
+    a, b = _row_tokens(ar, P, set()), _row_tokens(other, P, set())
+    assert a[0] == b[0] and a[1] != b[1]
+    (d,) = _divergences(pipe.model, inputs, ar, [1], b, a, "batch-x")
+    assert d["row"] == 1 and d["position"] == 3 and d["ar_token"] == a[1][3] and d["token"] == b[1][3]
+    assert d["margin"] >= 0 and d["top2_gap"] >= 0 and 0 < d["ar_prob"] <= 1
+    fwd = {**inputs, "input_ids": ar[:, : P + 3],
+           "attention_mask": torch.cat([inputs["attention_mask"], torch.ones(2, 3, dtype=torch.long)], 1)}
+    if "mm_token_type_ids" in inputs:  # the three new tokens are text
+        fwd["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"],
+                                              torch.zeros(2, 3, dtype=inputs["mm_token_type_ids"].dtype)], 1)
+    with torch.no_grad():  # the margin is read off the logits that predict position 3 of row 1
+        logits = pipe.model(**fwd).logits
+    want = float(logits[1, -1, a[1][3]] - logits[1, -1, b[1][3]])
+    assert abs(d["margin"] - want) < 1e-3

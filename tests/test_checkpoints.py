@@ -1,5 +1,6 @@
-"""Compact (bfloat16 on disk, float32 on load) checkpoints of the shipped models: the driving VLA, the image
-generator with its VQ-VAE, and the world classifier load back as the bf16-rounded float32 weights."""
+"""Compact (bfloat16 on disk) checkpoints of the shipped models: the driving VLA, the image generator with its
+VQ-VAE, and the world classifier load back as the bf16-rounded weights (float32 when asked, the stored bf16 by
+default where the device computes in it); what ``dtype="auto"`` means."""
 
 import os
 
@@ -22,7 +23,7 @@ def test_driving_vla_round_trips_in_bfloat16(tmp_path):
     for k, v in vla.backbone.state_dict().items():  # saving compactly must not round the live model
         assert torch.equal(v, before[k]), k
     assert os.path.getsize(tmp_path / "model.safetensors") < 0.6 * 4 * sum(p.numel() for p in vla.backbone.parameters())
-    loaded = DrivingVLA.from_pretrained(str(tmp_path))
+    loaded = DrivingVLA.from_pretrained(str(tmp_path), dtype="float32")
     assert loaded.backbone.dtype == torch.float32 and next(vla.backbone.parameters()).dtype == torch.float32
     want = _rounded(vla.expert.state_dict())
     for k, v in loaded.expert.state_dict().items():
@@ -42,7 +43,7 @@ def test_generator_vq_and_classifier_round_trip_in_bfloat16(tmp_path):
     model, tok = build_generator(vq, "tiny", tokenizer_texts=50, vocab_size=120)
     pipe = ImageARPipeline(model, tok, vq, grid=16)
     pipe.save_pretrained(str(tmp_path / "gen"), dtype=torch.bfloat16)
-    loaded = ImageARPipeline.from_pretrained(str(tmp_path / "gen"))
+    loaded = ImageARPipeline.from_pretrained(str(tmp_path / "gen"), dtype=torch.float32)
     assert loaded.model.dtype == torch.float32
     for ref, got in ((model, loaded.model), (vq, loaded.vq)):
         want = _rounded(ref.state_dict())
@@ -72,7 +73,84 @@ def test_exports_write_loadable_compact_copies(tmp_path):
     (tmp_path / "vla" / "train_log.jsonl").write_text('{"step": 1}\n')
     out = export_vla(str(tmp_path / "vla"), str(tmp_path / "vla-out"))
     assert (tmp_path / "vla-out" / "train_log.jsonl").exists()
-    assert DrivingVLA.from_pretrained(out).expert.in_proj[0].weight.dtype == torch.float32
+    assert DrivingVLA.from_pretrained(out, dtype="float32").expert.in_proj[0].weight.dtype == torch.float32
     WorldClassifier().save_pretrained(str(tmp_path / "clf"))
     small = export_classifier(str(tmp_path / "clf"), str(tmp_path / "clf-out"))
     assert os.path.getsize(os.path.join(small, "model.safetensors")) < 0.6 * os.path.getsize(tmp_path / "clf" / "model.safetensors")
+
+
+def _native(monkeypatch, yes: bool):
+    """Pretend the CPU computes in bf16 natively (``yes``) or only emulates it, whatever this machine is."""
+    import mmspec.checkpoints as ck
+
+    monkeypatch.setattr(ck, "native_dtype", lambda dtype, device="cpu": yes or dtype == torch.float32)
+
+
+def test_auto_is_the_stored_dtype_where_native_else_float32(tmp_path, monkeypatch):
+    from mmspec.checkpoints import dtype_note, resolve_dtype, stored_dtype
+    from mmspec.drivers.train_vla import DrivingVLA, build_vla
+
+    torch.manual_seed(0)
+    vla = build_vla("tiny", tokenizer_texts=40, vocab_size=300).eval()
+    vla.save_pretrained(str(tmp_path / "bf16"), dtype=torch.bfloat16)
+    vla.save_pretrained(str(tmp_path / "fp32"))
+    assert stored_dtype(tmp_path / "bf16") == torch.bfloat16 and stored_dtype(tmp_path / "fp32") == torch.float32
+    _native(monkeypatch, True)
+    assert resolve_dtype("auto", tmp_path / "bf16") == torch.bfloat16 and dtype_note("auto", tmp_path / "bf16") is None
+    loaded = DrivingVLA.from_pretrained(str(tmp_path / "bf16"))  # its config.json says float32: the weights decide
+    assert loaded.backbone.dtype == torch.bfloat16 and loaded.expert.in_proj[0].weight.dtype == torch.bfloat16
+    assert DrivingVLA.from_pretrained(str(tmp_path / "fp32")).backbone.dtype == torch.float32
+    _native(monkeypatch, False)
+    assert resolve_dtype(None, tmp_path / "bf16") == torch.float32
+    assert "run in float32" in dtype_note("auto", tmp_path / "bf16")
+    assert resolve_dtype("bfloat16", tmp_path / "bf16") == torch.bfloat16  # a named dtype is always obeyed
+    assert dtype_note("bfloat16", tmp_path / "bf16") is None
+
+
+def test_bad_dtype_names_are_clear_errors(tmp_path):
+    import pytest
+
+    from mmspec.checkpoints import resolve_dtype
+    from mmspec.cli import main
+    from mmspec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="unknown dtype 'bogus'.*auto, bfloat16, float16, float32"):
+        resolve_dtype("bogus")
+    with pytest.raises(InvalidInputError, match="unknown dtype"):
+        from mmspec import MMSpecPipeline
+
+        MMSpecPipeline.from_pretrained(str(tmp_path), dtype="int3")
+    for cmd in (["generate", "--model", "m", "--prompt", "p"], ["bench"], ["demo"], ["train", "--target", "t", "--out", "o"]):
+        with pytest.raises(SystemExit) as e:
+            main(cmd + ["--dtype", "bogus"])
+        assert e.value.code == 2
+
+
+def test_bundled_models_are_stored_in_bfloat16():
+    """What ``auto`` loads the shipped checkpoints in, where the device computes in bf16."""
+    from mmspec.checkpoints import stored_dtype
+    from mmspec.drivers.train_vla import VLA_DIR
+    from mmspec.image_ar.generator import GENERATOR_DIR
+    from mmspec.vision.testbed import TARGET_DIR
+
+    for path in (TARGET_DIR, VLA_DIR, GENERATOR_DIR):
+        if os.path.isdir(path):
+            assert stored_dtype(path) == torch.bfloat16, path
+
+
+def test_pipeline_and_its_drafters_follow_the_target_dtype(tmp_path, monkeypatch, tiny_vlm):
+    """``MMSpecPipeline.from_pretrained(dtype=...)``: the target in that dtype, and an eagle head built for it too
+    (unless its spec names another)."""
+    from mmspec import MMSpecPipeline
+    from mmspec.drafters import EagleDrafter
+
+    head = EagleDrafter.from_target(MMSpecPipeline.from_pretrained(tiny_vlm).model)
+    head.save_pretrained(str(tmp_path / "head"))
+    pipe = MMSpecPipeline.from_pretrained(tiny_vlm, drafter=f"eagle:{tmp_path / 'head'}", dtype="bfloat16")
+    assert pipe.model.dtype == torch.bfloat16 and pipe.drafter.fc.weight.dtype == torch.bfloat16
+    pipe = MMSpecPipeline.from_pretrained(tiny_vlm, drafter=f"eagle:{tmp_path / 'head'};dtype=float32",
+                                          dtype="bfloat16")
+    assert pipe.drafter.fc.weight.dtype == torch.float32
+    out = pipe(images=None, prompt="hello", max_new_tokens=4)  # a float32 head over bf16 states runs
+    assert out.sequences.shape[1] > 0
+    assert MMSpecPipeline.from_pretrained(tiny_vlm).model.dtype == torch.float32  # stored in float32

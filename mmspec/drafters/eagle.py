@@ -723,17 +723,29 @@ def train_eagle(target, tokenizer=None, sequences=(), steps: int = 300, *, draft
 
 
 def _eagle_factory(target_model, path=None, tokenizer=None, **options):
-    """``"eagle:PATH"`` loads a saved head (checked against the target); ``"eagle"`` alone builds an
-    untrained one for the target (useful only for tests). ``num_draft_tokens`` / ``topk`` / ``tree_nodes``
+    """``"eagle:PATH"`` loads a saved head (checked against the target); without a path it builds an
+    untrained one for the target (the registry reaches that only through :func:`_eagle_spec_factory`, with
+    ``untrained=true``). ``num_draft_tokens`` / ``topk`` / ``tree_nodes``
     override the saved run-time shape (``{"kind": "eagle", "path": PATH, "topk": 4, "tree_nodes": 12}``);
-    ``min_confidence`` (a number, ``auto`` or ``none``) overrides the saved early stop."""
+    ``min_confidence`` (a number, ``auto`` or ``none``) overrides the saved early stop. The head runs in the
+    target's dtype unless ``dtype`` says otherwise (``"eagle:PATH;dtype=float32"``)."""
+    from ..checkpoints import resolve_dtype
+
     run_opts = {k: options.pop(k) for k in ("num_draft_tokens", "topk", "tree_nodes") if k in options}
     stop = options.pop("min_confidence", False)
+    dtype = options.pop("dtype", None)
+    if dtype is not None and str(dtype).lower() != "auto":
+        dtype = resolve_dtype(dtype)
+    elif target_model is not None:
+        dtype = target_model.dtype
+    else:
+        dtype = None
     if path:
         device = None
         if target_model is not None and target_model.device.type != "meta":
             device = target_model.device
-        drafter = EagleDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer, device=device)
+        drafter = EagleDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer, device=device,
+                                               dtype=dtype)
         if options:
             raise InvalidInputError(f"unknown options for a saved eagle drafter: {sorted(options)}")
     else:
@@ -743,6 +755,7 @@ def _eagle_factory(target_model, path=None, tokenizer=None, **options):
             drafter = EagleDrafter.from_target(target_model, tokenizer, **options)
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"bad eagle drafter options {options!r}: {e}") from e
+        drafter.to(dtype=dtype)
     for k, v in run_opts.items():
         if int(v) < 1:
             raise InvalidInputError(f"{k} must be >= 1 (got {v})")
@@ -750,3 +763,30 @@ def _eagle_factory(target_model, path=None, tokenizer=None, **options):
     if stop is not False:
         drafter.stop = ConfidenceStop.parse(stop)
     return drafter
+
+
+def _eagle_spec_factory(target_model, path=None, untrained=False, **options):
+    """What the registry calls for ``"eagle..."``: a path loads that head; ``"eagle"`` alone loads the head that
+    ships for the target (:func:`mmspec.workloads.bundled_drafter_path`) or raises naming what to pass;
+    ``"eagle;untrained=true"`` builds a random head for the target (tests and ablations only).
+
+    Why: a bare ``eagle`` once built a random head that accepted nothing (tau 1.00) while ``mmspec bench`` read
+    the same name as the shipped head; now it has that one meaning everywhere.
+
+    Example:
+        >>> _eagle_spec_factory(None)
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: 'eagle' names no trained head: none ships for this target; pass 'eagle:DIR' (a head trained with `mmspec train --kind eagle --target ...`), or 'eagle;untrained=true' for a random head (tests only)
+    """
+    if not path and not untrained:
+        from ..workloads import bundled_drafter_path
+
+        path = bundled_drafter_path("eagle", target_model)
+        if path is None:
+            raise InvalidInputError("'eagle' names no trained head: none ships for this target; pass 'eagle:DIR' "
+                                    "(a head trained with `mmspec train --kind eagle --target ...`), or "
+                                    "'eagle;untrained=true' for a random head (tests only)")
+    elif path and untrained:
+        raise InvalidInputError(f"'eagle:{path};untrained=true' asks for a saved head and a random one; drop one")
+    return _eagle_factory(target_model, path=path, **options)

@@ -120,10 +120,16 @@ class TrainableDrafter(torch.nn.Module, Drafter):
         state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
                  for k, v in self.state_dict().items()}
         save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"drafter_kind": self.kind})
+        from ..checkpoints import user_file_mode
+
+        user_file_mode(os.path.join(path, WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, path, target=None, tokenizer=None, device=None):
+    def from_pretrained(cls, path, target=None, tokenizer=None, device=None, dtype=None):
         """Load a drafter saved by :meth:`save_pretrained`; with ``target``, check it was trained for it.
+
+        ``dtype`` (e.g. ``torch.bfloat16``) casts the floating-point weights after loading (``None``: float32,
+        whatever they were stored in); the factories pass the target's dtype.
 
         Raises:
             InvalidInputError: no saved drafter at ``path``, or one of another kind.
@@ -132,6 +138,8 @@ class TrainableDrafter(torch.nn.Module, Drafter):
         from safetensors.torch import load_file
 
         cfg_path = os.path.join(path, CONFIG_NAME)
+        if not os.path.isdir(path):
+            raise InvalidInputError(f"drafter folder not found: {path}")
         if not os.path.isfile(cfg_path) or not os.path.isfile(os.path.join(path, WEIGHTS_NAME)):
             raise InvalidInputError(f"no saved drafter at {path} (expected {CONFIG_NAME} and {WEIGHTS_NAME})")
         with open(cfg_path) as f:
@@ -143,6 +151,6 @@ class TrainableDrafter(torch.nn.Module, Drafter):
             check_fingerprint(fingerprint, target, tokenizer)
         drafter = cls(fingerprint=fingerprint, **config.get("config", {}))
         drafter.load_state_dict(load_file(os.path.join(path, WEIGHTS_NAME)))
-        if device is not None:
-            drafter.to(device)
+        if device is not None or dtype is not None:
+            drafter.to(device=device, dtype=dtype)
         return drafter.eval()
