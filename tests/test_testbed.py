@@ -8,7 +8,7 @@ import torch
 
 from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TargetTrainConfig, aux_targets, build_target,
                                    char_locations, evaluate, export_target, grounding, make_batch, reading_targets,
-                                   train_target)
+                                   self_feed_inputs, train_target)
 from mmspec.workloads import get_workload
 
 
@@ -147,6 +147,38 @@ def test_config_errors_are_caught_before_training(tmp_path):
         train_target(TargetTrainConfig(out=str(tmp_path), read_weight=0.0, track_weight=0.5), progress=False)
     with pytest.raises(InvalidInputError, match="aux_loss"):
         train_target(TargetTrainConfig(out=str(tmp_path), aux_loss="sigmoid"), progress=False)
+    with pytest.raises(InvalidInputError, match="self_feed"):
+        train_target(TargetTrainConfig(out=str(tmp_path), self_feed=1.5), progress=False)
+
+
+def test_self_feed_replaces_answer_tokens_only():
+    """Prompt tokens and the first answer token (it follows the prompt) never change; a swapped position
+    takes the prediction made one position earlier; the share reported is the share of answer tokens changed."""
+    ids = torch.tensor([[5, 6, 7, 10, 11, 12, 13, 2], [0, 5, 6, 20, 21, 22, 2, 0]])
+    labels = torch.tensor([[-100, -100, -100, 10, 11, 12, 13, 2], [-100, -100, -100, 20, 21, 22, 2, -100]])
+    predicted = torch.full((2, 7), 99)
+    predicted[1, 4] = 22  # right there: nothing to swap
+    same, changed = self_feed_inputs(ids, labels, predicted, 0.0)
+    assert torch.equal(same, ids) and changed == 0.0
+    fed, changed = self_feed_inputs(ids, labels, predicted, 1.0)
+    assert fed[0].tolist() == [5, 6, 7, 10, 99, 99, 99, 99]
+    assert fed[1].tolist() == [0, 5, 6, 20, 99, 22, 99, 0]  # padding after the end stays
+    assert changed == 6 / 9
+    g = torch.Generator().manual_seed(0)
+    half, changed = self_feed_inputs(ids, labels, predicted, 0.5, g)
+    swapped = (half != ids)
+    assert 0 < swapped.sum() < 6 and changed == swapped.sum().item() / 9
+    assert (half[swapped] == 99).all() and not swapped[:, :4].any()
+
+
+def test_self_feed_training_keeps_the_reading_targets(tmp_path):
+    """One step with every mispredicted answer token fed back: tokens change, and the reading loss (targets
+    matched against the batch's ids) is still computed, because targets are taken before the swap."""
+    cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=1, batch_size=2, save_every=1, tokenizer_texts=100,
+                            vocab_size=400, warmup=1, self_feed=1.0)
+    train_target(cfg, progress=False)
+    rec = json.loads((tmp_path / "train_log.jsonl").read_text().splitlines()[0])
+    assert rec["self_fed"] > 0.3 and rec["read_loss"] > 0
 
 
 def test_grounding_separates_a_reader_from_a_guesser(tiny):

@@ -33,7 +33,7 @@ from mmspec.workloads import get_workload
 
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
            "patch_reading_loss", "reading_targets", "train_target", "evaluate", "grounding", "export_target",
-           "bundled_target", "bundled_eagle", "PatchReader", "CHARSET"]
+           "bundled_target", "bundled_eagle", "PatchReader", "CHARSET", "self_feed_inputs"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
 _CHAR_INDEX = {c: i for i, c in enumerate(CHARSET)}
@@ -232,7 +232,9 @@ class TargetTrainConfig:
     first text layer must know each image token's row and column. ``init``: start from another
     checkpoint's weights and patch reader (the reader when trained with the same ``aux_loss``; fresh optimizer
     and schedule); ``stop_after``: end this run at that step while the learning-rate schedule still spans
-    ``steps`` (resume later to continue it).
+    ``steps`` (resume later to continue it). ``self_feed``: the share of answer input tokens replaced by the model's own
+    teacher-forced prediction (from a first, gradient-free pass; see :func:`self_feed_inputs`), so it learns to
+    keep reading after its own mistakes instead of drifting into text that is not on the page.
     """
 
     out: str = "testbed-target"
@@ -249,6 +251,7 @@ class TargetTrainConfig:
     locate_weight: float = 0.5
     init: str = ""
     stop_after: int = 0
+    self_feed: float = 0.0
     docs_fraction: float = 0.5
     save_every: int = 250
     seed: int = 0
@@ -331,6 +334,33 @@ class _Locator(torch.nn.Module):
         return torch.stack(out).mean()
 
 
+def self_feed_inputs(input_ids, labels, predicted, share: float, generator=None) -> tuple:
+    """``input_ids`` with a random ``share`` of the answer tokens replaced by the model's own predictions.
+
+    ``predicted[b, q]`` is what the model predicted at position ``q`` for position ``q + 1`` (teacher-forced
+    argmax); an answer position ``q + 1`` (``labels != -100``, the first answer token excepted: it follows the
+    prompt) takes it with probability ``share``. Labels stay the reference: the model learns that after a
+    misread token the page, not its last token, says what comes next (scheduled sampling in one extra forward,
+    Mihaylova & Martins 2019). Token positions do not move, so reading targets stay valid. Returns the new ids
+    and the share of answer tokens that actually changed.
+
+    Example:
+        >>> ids = torch.tensor([[7, 1, 2, 3, 4]]); labels = torch.tensor([[-100, 1, 2, 3, 4]])
+        >>> pred = torch.tensor([[1, 9, 9, 9]])   # right first, then wrong
+        >>> new, changed = self_feed_inputs(ids, labels, pred, 1.0)
+        >>> new.tolist(), changed
+        ([[7, 1, 9, 9, 9]], 0.75)
+    """
+    answer = labels[:, 1:] != -100
+    answer &= labels[:, :-1] != -100  # the first answer token follows the prompt, not a prediction
+    pick = torch.rand(answer.shape, generator=generator) < share
+    swap = answer & pick & (predicted != input_ids[:, 1:])
+    out = input_ids.clone()
+    out[:, 1:][swap] = predicted[swap]
+    n_answer = int((labels != -100).sum())
+    return out, int(swap.sum()) / max(n_answer, 1)
+
+
 def _examples(cfg: TargetTrainConfig, step: int, workloads: dict) -> list:
     """Training batch ``step``: a fixed, resumable sequence of (workload, index) pairs."""
     n_docs = round(cfg.batch_size * cfg.docs_fraction)
@@ -354,6 +384,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         raise InvalidInputError("track_weight needs read_weight > 0 (the tracked head sits below the reading layers)")
     if cfg.aux_loss not in ("softmax", "bce"):
         raise InvalidInputError(f"aux_loss must be 'softmax' or 'bce', got {cfg.aux_loss!r}")
+    if not 0.0 <= cfg.self_feed <= 1.0:
+        raise InvalidInputError(f"self_feed must be in [0, 1], got {cfg.self_feed}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     os.makedirs(cfg.out, exist_ok=True)
@@ -361,7 +393,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     resume = os.path.isfile(state_path) and os.path.isfile(os.path.join(cfg.out, "model.safetensors"))
     if resume or cfg.init:
         src = cfg.out if resume else cfg.init
-        model = Qwen2VLForConditionalGeneration.from_pretrained(src)
+        model = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
         processor = AutoProcessor.from_pretrained(src)
     else:
         model, processor = build_target(cfg.size, cfg.tokenizer_texts, cfg.vocab_size, seed=cfg.seed)
@@ -409,6 +441,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         for li in sorted(set(read_layers) | ({track_layer} if cfg.track_weight else set())):
             hooks.append(model.model.language_model.layers[li].self_attn.register_forward_hook(
                 lambda m, a, out, li=li: captured.__setitem__(("attn", li), out[1])))
+    feed_rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start)  # a resumed run draws anew
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     trim_log(log_path, start)  # a killed job may have logged steps past its last checkpoint
     model.train()
@@ -419,6 +452,14 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             t0 = time.perf_counter()
             examples = _examples(cfg, step, workloads)
             batch = make_batch(processor, examples)
+            # Reading targets come from the reference tokens (they are matched against the batch's ids).
+            where = reading_targets(processor, examples, batch) if cfg.read_weight and read_layers else None
+            fed = 0.0
+            if cfg.self_feed:
+                with torch.no_grad():
+                    first = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].argmax(-1)
+                batch["input_ids"], fed = self_feed_inputs(batch["input_ids"], batch["labels"], first, cfg.self_feed,
+                                                           feed_rng)
             out = model(**batch)
             grids = batch["image_grid_thw"][:, 1:].tolist()
             aux_y = torch.cat([aux_targets(ex, tuple(g)) for ex, g in zip(examples, grids)])
@@ -427,7 +468,6 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             loss = out.loss + cfg.aux_weight * aux
             read = track = torch.zeros(())
             if cfg.read_weight and read_layers:
-                where = reading_targets(processor, examples, batch)
                 b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
                 if len(b_idx):
                     # Head 0 of each reading layer must put its attention on the image token being read.
@@ -454,7 +494,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             rec = {"step": step + 1, "lm_loss": round(out.loss.item(), 4), "aux_loss": round(aux.item(), 4),
                    "aux_acc": round(aux_acc, 4),
                    "read_loss": round(read.item(), 4), "track_loss": round(track.item(), 4),
-                   "locate_loss": round(locate.item(), 4),
+                   "locate_loss": round(locate.item(), 4), "self_fed": round(fed, 4),
                    "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
             bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], acc=rec["aux_acc"], read=rec["read_loss"],
                             track=rec["track_loss"], loc=rec["locate_loss"])
