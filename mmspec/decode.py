@@ -30,7 +30,7 @@ import torch
 
 from .acceptance import AcceptanceRule, get_rule
 from .budget import DepthBudget
-from .checks import check_max_new_tokens, context_window
+from .checks import check_max_new_tokens, check_sampling, context_window
 from .drafters.base import DraftContext, Drafter, RoundResult
 from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
 from .processing import TreeLogitsProcessor
@@ -120,7 +120,7 @@ def _prepare_run(model, inputs: dict, generation_config, logits_processor, stop_
     if input_ids.dim() != 2 or input_ids.numel() == 0:
         raise InvalidInputError(f"input_ids must be a non-empty [batch, length] tensor (got {tuple(input_ids.shape)})")
     if kwargs.get("max_new_tokens") is not None:
-        check_max_new_tokens(kwargs["max_new_tokens"])
+        kwargs["max_new_tokens"] = check_max_new_tokens(kwargs["max_new_tokens"])  # np.int64 / 0-d tensor -> int
     unsupported = [k for k in _UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
     if unsupported:
         raise InvalidInputError(f"mmspec.generate does not support {unsupported}")
@@ -138,6 +138,7 @@ def _prepare_run(model, inputs: dict, generation_config, logits_processor, stop_
         model._validate_model_kwargs({**model_kwargs, **extra})
     except ValueError as e:  # GenerationConfig.validate: bad generation arguments are the caller's error
         raise InvalidInputError(f"invalid generation arguments: {e}") from e
+    check_sampling(bool(gen_config.do_sample), gen_config.temperature, gen_config.top_k, gen_config.top_p)
     if (gen_config.num_return_sequences or 1) > 1:
         raise InvalidInputError("num_return_sequences > 1 is not supported: repeat the rows of the inputs instead")
     if gen_config.num_beams not in (None, 1):
@@ -168,15 +169,18 @@ def _prepare_run(model, inputs: dict, generation_config, logits_processor, stop_
                                                                                       model_kwargs)
     if batch > 1 and bool((model_kwargs["attention_mask"][:, -1] == 0).any()):
         raise InvalidInputError("batched inputs must be left-padded (tokenizer.padding_side = 'left')")
-    processors = model._get_logits_processor(
-        generation_config=gen_config,
-        input_ids_seq_length=prompt_len,
-        encoder_input_ids=input_ids,
-        prefix_allowed_tokens_fn=prefix_fn,
-        logits_processor=logits_processor,
-        device=device,
-        model_kwargs=model_kwargs,
-    )
+    try:
+        processors = model._get_logits_processor(
+            generation_config=gen_config,
+            input_ids_seq_length=prompt_len,
+            encoder_input_ids=input_ids,
+            prefix_allowed_tokens_fn=prefix_fn,
+            logits_processor=logits_processor,
+            device=device,
+            model_kwargs=model_kwargs,
+        )
+    except ValueError as e:  # a warper's own argument check (e.g. repetition_penalty <= 0)
+        raise InvalidInputError(f"invalid generation arguments: {e}") from e
     eos = gen_config._eos_token_tensor
     pad = gen_config._pad_token_tensor
     stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
@@ -210,7 +214,8 @@ def generate(
         model: a transformers causal LM or VLM (``from_pretrained``).
         inputs: exactly what the model's processor/tokenizer returns (``input_ids``, ``attention_mask``,
             ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``, ...). Batches must be left-padded.
-        drafter: a :class:`~mmspec.drafters.Drafter`; ``None`` decodes one token per pass (plain AR
+        drafter: a :class:`~mmspec.drafters.Drafter`, or a spec :func:`mmspec.registry.make_drafter` takes
+            (``"lookup"``, ``"eagle:DIR;topk=3"``, a dict); ``None`` decodes one token per pass (plain AR
             through the same loop, useful as a control).
         rule: acceptance rule name or object; default: ``greedy`` or ``speculative_sampling`` by mode. A rule
             used in the other mode (greedy rule while sampling) works but its stats say ``lossless=False``.
@@ -236,7 +241,16 @@ def generate(
         ...                max_new_tokens=16)                                   # doctest: +SKIP
     """
     t_start = time.perf_counter()
+    if isinstance(inputs, torch.Tensor):
+        raise InvalidInputError("inputs is a bare tensor; pass what the processor returns (a mapping with input_ids, "
+                                "attention_mask, ...), e.g. {'input_ids': ids}")
+    if inputs is not None and not hasattr(inputs, "keys"):
+        raise InvalidInputError(f"inputs must be a mapping (what the processor returns), not {type(inputs).__name__}")
     inputs = dict(inputs or {})
+    if drafter is not None and not isinstance(drafter, Drafter):
+        from .registry import make_drafter
+
+        drafter = make_drafter(drafter, model)  # "lookup", "eagle:DIR;topk=3", {"kind": ...}: as the pipelines take
     run = _prepare_run(model, inputs, generation_config, logits_processor, stop_strings, kwargs)
     input_ids, gen_config, max_new, eos_ids = run.input_ids, run.gen_config, run.max_new, run.eos_ids
     device = input_ids.device
@@ -393,6 +407,14 @@ def generate(
 
 def _check_trees(drafter, trees: list, rows: int, vocab: int) -> None:
     """A drafter's proposals must fit the batch and the target's vocabulary (bad ids would crash a GPU)."""
+    if not isinstance(trees, (list, tuple)):
+        raise InvalidInputError(f"drafter {drafter.kind!r} returned {type(trees).__name__ if trees is not None else None} "
+                                f"from propose(); it must return a list of DraftTree, one per active row "
+                                "(DraftTree.empty() for a row it has nothing for)")
+    bad = [type(t).__name__ for t in trees if not isinstance(t, DraftTree)]
+    if bad:
+        raise InvalidInputError(f"drafter {drafter.kind!r} returned {bad[0]} in its list; propose() must return "
+                                "DraftTree objects (DraftTree.empty() for a row it has nothing for)")
     if len(trees) != rows:
         raise InvalidInputError(f"drafter {drafter.kind!r} returned {len(trees)} trees for {rows} rows")
     for t in trees:

@@ -295,6 +295,18 @@ def _lookup_factory(target_model, path=None, **options):
         raise InvalidInputError(f"bad lookup drafter options {options!r}: {e}") from e
 
 
+def _reference_lookup_factory(target_model, path=None, references=(), **options):
+    from .drafters.reference import ReferenceLookupDrafter
+
+    if path:
+        raise InvalidInputError(f"reference-lookup takes no path (got 'reference-lookup:{path}'); it needs each "
+                                "request's reference tokens, given with set_references(...)")
+    try:
+        return ReferenceLookupDrafter(references, **options)
+    except TypeError as e:
+        raise InvalidInputError(f"bad reference-lookup options {sorted(options)}: {e}") from e
+
+
 def _auto_class_for(target_model, config):
     """The transformers auto class that loads ``config``, preferring the one that loaded the target."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -318,10 +330,9 @@ def _draft_model_factory(target_model, path=None, model=None, num_draft_tokens: 
     if model is None:
         if not path:
             raise InvalidInputError("the draft-model drafter needs a path: 'draft-model:PATH' or {'path': ...}")
-        path = os.path.expanduser(str(path))
-        looks_local = os.path.isabs(path) or path.startswith(".") or path.count("/") != 1
-        if looks_local and not os.path.isdir(path):
-            raise InvalidInputError(f"draft model folder not found: {path}")
+        from .checks import check_local_folder
+
+        path = check_local_folder(str(path), "draft model folder")
         from transformers import AutoConfig
 
         try:
@@ -353,5 +364,6 @@ def _union_factory(target_model, path=None, drafters=(), budget=None, **options)
 
 
 register_drafter("lookup", _lookup_factory)
+register_drafter("reference-lookup", _reference_lookup_factory)
 register_drafter("draft-model", _draft_model_factory)
 register_drafter("union", _union_factory)

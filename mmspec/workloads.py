@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -201,3 +202,31 @@ def get_workload(name: str, **kwargs) -> Workload:
     if name not in _WORKLOADS:
         raise InvalidInputError(f"unknown workload {name!r}; known: {', '.join(sorted(_WORKLOADS)) or 'none'}")
     return _WORKLOADS[name](**kwargs)
+
+
+def bundled_drafter_path(kind: str, target_model) -> str | None:
+    """The folder of the trained ``kind`` drafter that ships for ``target_model`` (``None``: none does).
+
+    Why: a trained kind named without a path (``"eagle"``) must mean one thing everywhere (``--drafter``,
+    ``from_pretrained(..., drafter=)``, ``make_drafter``, ``mmspec bench --systems``): the head trained for this
+    target, never a random one. A head ships for a target when a workload bundles both
+    (:meth:`Workload.bundled_model`, :meth:`Workload.bundled_drafters`) and the target was loaded from that
+    bundled folder.
+
+    Example:
+        >>> bundled_drafter_path("eagle", None) is None
+        True
+    """
+    loaded_from = getattr(target_model, "name_or_path", None) if target_model is not None else None
+    if not loaded_from or not os.path.isdir(loaded_from):
+        return None
+    here = os.path.realpath(loaded_from)
+    for name in workload_names():
+        wl = _WORKLOADS[name]()
+        model = wl.bundled_model()
+        if model and os.path.realpath(model) == here:
+            for spec in wl.bundled_drafters():
+                spec_kind, _, path = spec.split(";")[0].partition(":")
+                if spec_kind == kind and path:
+                    return path
+    return None

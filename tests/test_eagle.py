@@ -323,7 +323,7 @@ def test_union_with_lookup_and_an_oracle_keeps_the_head_in_step(perm):
     model = T.build("qwen2_vl")
     from mmspec.registry import make_drafter
 
-    vl = make_drafter("eagle;num_draft_tokens=3 & lookup;history_tokens=50", model)  # an untrained head
+    vl = make_drafter("eagle;untrained=true;num_draft_tokens=3 & lookup;history_tokens=50", model)  # an untrained head
     assert isinstance(vl.drafters[0], EagleDrafter) and vl.drafters[1].history_tokens == 50
     inputs = T.make_inputs("qwen2_vl", [{"pre": 3, "images": [(56, 56)], "post": 5},
                                         {"pre": 2, "images": [(28, 56), (56, 28)], "post": 3}])

@@ -189,7 +189,7 @@ def test_held_out_shards_are_not_trained_on_and_are_scored(data_dir, tmp_path):
     val = [json.loads(line) for line in (out / "val_log.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [2, 3] and all(v["records"] == 2 for v in val)
     assert all(len(v["acc"]) == 4 and all(0.0 <= a <= 1.0 for a in v["acc"]) and v["loss"][0] > 0 for v in val)
-    with pytest.raises(InvalidInputError, match="cannot hold out 2 of 2 shards"):
+    with pytest.raises(InvalidInputError, match="val_shards 2 leaves nothing to train on"):  # said by validate()
         fit(_cfg(_with_data(data_dir, tmp_path / "b"), val_shards=2))
 
 
@@ -269,3 +269,38 @@ def test_a_resumed_run_keeps_the_unroll_it_started_with(data_dir, tmp_path):
     fit(_cfg(out, steps=3, save_every=2, resume=True))
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and all(len(r["loss"]) == 2 for r in log)
+
+
+# --------------------------------------------------------------------------- what a user sees (issue 13)
+def test_cli_progress_bar_shows_logged_values_and_a_summary_at_the_end(data_dir, tmp_path, capsys):
+    """The bar once showed the *sum* of the unrolled losses (a number in no log) and the run ended silently."""
+    import re
+
+    out = _with_data(data_dir, tmp_path)
+    rc = main(["train", "--stage", "fit", "--target", tiny_vlm_path(), "--out", str(out), "--n-train", "4",
+               "--shard-size", "2", "--steps", "3", "--batch-size", "2", "--save-every", "0", "--val-shards", "1"])
+    cap = capsys.readouterr()
+    assert rc == 0
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    shown = re.findall(r"loss1=([0-9.]+), acc1=([0-9.]+)", cap.err)
+    assert shown, cap.err
+    assert float(shown[-1][0]) == pytest.approx(log[-1]["loss"][0], abs=1e-3)  # the log's first unrolled step
+    assert float(shown[-1][1]) == pytest.approx(log[-1]["acc"][0], abs=1e-3)
+    summary = cap.out.strip().splitlines()[-1]
+    assert summary.startswith("mmspec train: eagle drafter saved to ") and str(out) in summary
+    assert "step 3" in summary and "held-out top-1" in summary
+    rc = main(["train", "--stage", "data", "--target", tiny_vlm_path(), "--out", str(out), "--n-train", "4",
+               "--shard-size", "2", "--max-new-tokens", "8", "--no-progress"])
+    assert rc == 0 and "target data in " in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_trained_weights_and_shards_are_not_private(data_dir, tmp_path):
+    import stat
+
+    out = _with_data(data_dir, tmp_path)
+    fit(_cfg(out))
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in [out / "model.safetensors", *(out / "checkpoints").glob("*/model.safetensors"),
+              *(out / "data").glob("shard-*.safetensors")]:
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o666 & ~mask, f  # safetensors alone writes 0600

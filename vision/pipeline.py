@@ -119,6 +119,10 @@ class VLMPipeline(MMSpecPipeline):
                         raise
                     raise InvalidImageError(f"{', '.join(where)}: {e}") from e
             loaded.append(row)
+        for r, (p, row) in enumerate(zip(prompts, loaded)):
+            if not p.strip() and not row:  # nothing to answer: a chat template alone makes the model ramble
+                which = f"prompt {r} is" if batched else "the prompt is"
+                raise InvalidInputError(f"{which} empty and has no images; pass some text or an image")
         if any(loaded) and not self.takes_images:
             raise InvalidInputError(f"{type(self.model).__name__} is a text-only model; it takes no images")
         return prompts, loaded, batched

@@ -15,9 +15,9 @@ from .saving import TrainableDrafter, target_fingerprint
 from .union import UnionDrafter
 
 from ..registry import register_drafter as _register_drafter  # noqa: E402
-from .eagle import _eagle_factory  # noqa: E402
+from .eagle import _eagle_spec_factory  # noqa: E402
 
-_register_drafter("eagle", _eagle_factory)
+_register_drafter("eagle", _eagle_spec_factory)
 
 __all__ = ["Drafter", "DraftContext", "RoundResult", "PromptLookupDrafter", "DraftModelDrafter", "NoisyOracleDrafter",
            "TrainableDrafter", "target_fingerprint", "EagleDrafter", "train_eagle", "UnionDrafter"]
