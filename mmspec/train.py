@@ -238,7 +238,8 @@ class TrainConfig:
 class Trainer:
     """What a drafter kind tells the shared stages. Subclasses set ``kind`` and ``drafter_cls``.
 
-    - :meth:`check_config` / :meth:`check_target`: reject unsupported combinations (InvalidInputError).
+    - :meth:`check_config` / :meth:`check_target`: reject unsupported combinations (InvalidInputError); the
+      default :meth:`check_target` checks :meth:`layer_ids` against the target's depth.
     - :meth:`layer_ids`: target hidden states the records keep (empty for kinds that need none).
     - :meth:`build_drafter`: a fresh drafter for the loaded target.
     - :meth:`record`: one record (a dict of tensors whose first axis is the sequence) from one request.
@@ -253,7 +254,11 @@ class Trainer:
         pass
 
     def check_target(self, cfg: TrainConfig, model_config) -> None:
-        pass
+        n = int(model_config.get_text_config(decoder=True).num_hidden_layers)
+        ids = self.layer_ids(cfg, model_config)
+        if any(not 0 <= i <= n for i in ids):
+            raise InvalidInputError(f"layer_ids {list(ids)} out of range for a target with {n} layers "
+                                    f"(hidden_states indices 0..{n})")
 
     def layer_ids(self, cfg: TrainConfig, model_config) -> tuple:
         return ()
@@ -293,13 +298,6 @@ class EagleTrainer(Trainer):
 
         n = int(model_config.get_text_config(decoder=True).num_hidden_layers)
         return tuple(cfg.layer_ids) if cfg.layer_ids is not None else default_layer_ids(n)
-
-    def check_target(self, cfg, model_config):
-        n = int(model_config.get_text_config(decoder=True).num_hidden_layers)
-        ids = self.layer_ids(cfg, model_config)
-        if any(not 0 <= i <= n for i in ids):
-            raise InvalidInputError(f"layer_ids {list(ids)} out of range for a target with {n} layers "
-                                    f"(hidden_states indices 0..{n})")
 
     def build_drafter(self, cfg, model, tokenizer):
         from .drafters.eagle import EagleDrafter

@@ -1,8 +1,9 @@
 """mmspec.vision: image/video preprocessing and the VLM pipeline.
 
 Importing this package registers :class:`~mmspec.vision.pipeline.VLMPipeline` for the ``"vlm"`` task and
-the model types it drives, and the ``docs`` and ``charts`` workloads (:mod:`mmspec.vision.workloads`); the
-core imports it only lazily, through :mod:`mmspec.registry`.
+the model types it drives, the ``docs`` and ``charts`` workloads (:mod:`mmspec.vision.workloads`), and the
+``glance`` drafter and trainer (:mod:`mmspec.vision.glance`); the core imports it only lazily, through
+:mod:`mmspec.registry`.
 
 Example:
     >>> from mmspec.vision import load_image
@@ -22,5 +23,7 @@ register_pipeline(VLMPipeline.task, VLMPipeline, model_types=VLM_MODEL_TYPES)
 # the synthetic testbed workloads (mmspec.workloads.get_workload("docs") / ("charts"))
 register_workload(DocsWorkload)
 register_workload(ChartsWorkload)
+
+from . import glance  # noqa: E402  (registers the glance drafter and trainer; it imports the core only)
 
 __all__ = ["load_image", "load_images", "VLMPipeline", "VLM_MODEL_TYPES", "DocsWorkload", "ChartsWorkload"]

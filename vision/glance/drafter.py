@@ -1,0 +1,118 @@
+"""GLANCE: a DFlash-style block head over the target's fused states at every prompt position, the page's
+included, with the target's own M-RoPE positions on its context keys; a best-first tree per round.
+
+The head, its cache and its tree are the core's block body (:class:`~mmspec.drafters.block.BlockDrafter`);
+this kind adds what is GLANCE's: the ``image_features`` option (``own``, or ``shuffled``: another item's
+image-position states swapped in, the proof that the head reads the page; see
+:class:`~mmspec.vision.glance.head.ShuffledImageFeatures`) and its registry spelling.
+
+Differences from GLANCE's code (``js-lee-AI/GLANCE``, see the research notes): its head keeps 1-D positions
+(here the context keys take the target's M-RoPE positions, so an image token's key knows its row and
+column); its mask token is a vocabulary id (here a learnt vector); under sampling it samples from the target
+and matches (here the core's lossless rejection rule: a sampled chain with its ``q``, or a deterministic
+tree); block length and tree size come from options and the core's :class:`~mmspec.budget.DepthBudget`
+(``depth_budget=auto``) rather than fixed at 16 / 63.
+
+Example:
+    >>> from mmspec.registry import make_drafter                                      # doctest: +SKIP
+    >>> d = make_drafter("glance:HEAD;branch_k=4;tree_budget=24", target)            # doctest: +SKIP
+    >>> d = make_drafter("glance:HEAD;image_features=shuffled", target)              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from mmspec.drafters.block import BlockDrafter
+from mmspec.drafters.base import DraftContext
+from mmspec.errors import InvalidInputError
+
+from .head import ShuffledImageFeatures, image_token_mask
+
+__all__ = ["GlanceDrafter", "IMAGE_FEATURES", "RUN_OPTIONS", "glance_factory"]
+
+IMAGE_FEATURES = ("own", "shuffled")
+"""Values of the ``image_features`` option."""
+
+RUN_OPTIONS = ("num_draft_tokens", "branch_k", "tree_budget", "depth_budget", "image_features")
+"""Options that change how a saved head drafts, not what it learnt (accepted with ``glance:PATH``)."""
+
+
+class GlanceDrafter(BlockDrafter):
+    """The GLANCE block drafter. Arguments as :class:`~mmspec.drafters.block.BlockDrafter`, plus
+    ``image_features``: ``"own"`` (default) or ``"shuffled"`` (the reading ablation).
+
+    Example:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> t = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+        ...                      num_hidden_layers=2, num_attention_heads=2))
+        >>> d = GlanceDrafter.from_target(t, block_size=4, branch_k=2)
+        >>> d.kind, d.config_dict()["image_features"], d.num_draft_tokens
+        ('glance', 'own', 3)
+    """
+
+    kind = "glance"
+
+    def __init__(self, *args, image_features: str = "own", **kw):
+        super().__init__(*args, **kw)
+        self.image_features = image_features
+        self._check_image_option()
+        self.shuffler = ShuffledImageFeatures()
+
+    def _check_image_option(self) -> None:
+        if self.image_features not in IMAGE_FEATURES:
+            raise ValueError(f"image_features must be one of {IMAGE_FEATURES} (got {self.image_features!r})")
+
+    def config_dict(self) -> dict:
+        return {**super().config_dict(), "image_features": self.image_features}
+
+    def prompt_features(self, ctx: DraftContext, rows: list, features: list, positions: list) -> list:
+        if self.image_features == "own":
+            return features
+        model = self._target_ref[0]
+        masks = [image_token_mask(model, ctx.model_inputs, r).to(f.device) for r, f in zip(rows, features)]
+        return self.shuffler.swap(features, masks)
+
+
+def glance_factory(target_model, path=None, tokenizer=None, **options):
+    """``"glance:PATH"`` loads a saved head (checked against the target's fingerprint, cast to the target's
+    dtype); ``"glance"`` alone builds an untrained one (tests, ablations of exactness). Run options
+    (:data:`RUN_OPTIONS`) override the saved ones and are checked before any weights load."""
+    run = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
+    for k in ("num_draft_tokens", "branch_k", "tree_budget"):
+        if k in run and run[k] is not None and (isinstance(run[k], bool) or not isinstance(run[k], int) or run[k] < 1):
+            raise InvalidInputError(f"glance option {k} must be a positive integer (got {run[k]!r})")
+    if run.get("depth_budget", None) not in (None, "auto", "none"):
+        raise InvalidInputError(f"glance option depth_budget must be 'auto' or 'none' (got {run['depth_budget']!r})")
+    if run.get("depth_budget") == "none":
+        run["depth_budget"] = None
+    if "image_features" in run and run["image_features"] not in IMAGE_FEATURES:
+        raise InvalidInputError(f"glance option image_features must be one of {IMAGE_FEATURES} "
+                                f"(got {run['image_features']!r})")
+    on_target = target_model is not None and target_model.device.type != "meta"
+    if path:
+        if options:
+            raise InvalidInputError(f"unknown options for a saved glance drafter: {sorted(options)} "
+                                    f"(run-time options: {', '.join(RUN_OPTIONS)})")
+        drafter = GlanceDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer,
+                                                device=target_model.device if on_target else None)
+    else:
+        if target_model is None:
+            raise InvalidInputError("the glance drafter needs a path ('glance:PATH') or a target to build one for")
+        try:
+            drafter = GlanceDrafter.from_target(target_model, tokenizer, **options)
+        except (TypeError, ValueError) as e:
+            raise InvalidInputError(f"bad glance drafter options {options!r}: {e}") from e
+    for k, v in run.items():
+        setattr(drafter, k, v)
+    try:
+        drafter._check_run_options()
+        drafter._check_image_option()
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from e
+    if "depth_budget" in run:
+        from mmspec.budget import DepthBudget
+
+        drafter._budget = DepthBudget() if drafter.depth_budget == "auto" else None
+    if on_target:
+        drafter.to(dtype=target_model.dtype)  # the drafter follows the target's dtype (bf16 checkpoints)
+    return drafter

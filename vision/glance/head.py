@@ -1,0 +1,99 @@
+"""What GLANCE's head reads of the page: which prompt positions are image tokens, and the shuffled-features
+ablation that proves the head reads them.
+
+The block body itself is modality-free (:mod:`mmspec.drafters.block`); what is GLANCE's own is that the
+context it attends to covers the image positions, with the target's M-RoPE positions (time, height, width),
+so "where on the page am I" is something the head can compute. The issue asks for proof that it reads: run
+the same head with the image-position states of ANOTHER item of the same workload swapped in
+(``glance;image_features=shuffled``). Zeroed states would be out of distribution and would make any head
+collapse; another page's states are in distribution and only lack this page's content.
+
+Example:
+    >>> import torch
+    >>> bank = ShuffledImageFeatures()
+    >>> a, b = torch.ones(4, 2), torch.full((4, 2), 2.0)
+    >>> bank.swap([a, b], [torch.tensor([0, 1, 1, 0]).bool()] * 2)[0][1:3].tolist()  # row 0 gets row 1's
+    [[2.0, 2.0], [2.0, 2.0]]
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["image_token_mask", "ShuffledImageFeatures"]
+
+
+def image_token_mask(model, model_inputs: dict, row: int) -> torch.Tensor:
+    """``bool[plen]``: which of original row ``row``'s unpadded prompt tokens are image or video placeholders
+    (the ``image_token_id`` / ``video_token_id`` of the target's config; a text target has none).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> m = SimpleNamespace(config=SimpleNamespace(image_token_id=9))
+        >>> ids = torch.tensor([[0, 5, 9, 9, 6]]); mask = torch.tensor([[0, 1, 1, 1, 1]])
+        >>> image_token_mask(m, {"input_ids": ids, "attention_mask": mask}, 0).tolist()
+        [False, True, True, False]
+    """
+    ids = model_inputs["input_ids"][row]
+    mask = model_inputs.get("attention_mask")
+    if mask is not None:
+        ids = ids[mask[row].bool()]
+    special = [getattr(model.config, k, None) for k in ("image_token_id", "video_token_id", "image_token_index")]
+    special = [int(s) for s in special if s is not None]
+    out = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    for s in special:
+        out |= ids == s
+    return out
+
+
+class ShuffledImageFeatures:
+    """The donor bank of the shuffled-features ablation.
+
+    For each prompt with image positions, :meth:`swap` replaces the states at those positions with the
+    image-position states of another item: first another row of the same batch (rows are rotated by one), else
+    the most recent earlier request whose image states differ. A donor with another number of image tokens
+    is cut or repeated to fit (the testbed's items of one workload share their image size, so this is rare).
+    A request with no donor at all (the very first one, batch 1) keeps its own states and is counted in
+    ``kept_own``: report that count with any figure measured with the ablation.
+
+    Args:
+        memory: how many earlier requests' image states to keep as donors.
+    """
+
+    def __init__(self, memory: int = 8):
+        self.memory = int(memory)
+        self.bank: list = []
+        self.swapped = 0
+        self.kept_own = 0
+
+    @staticmethod
+    def _fit(donor: torch.Tensor, n: int) -> torch.Tensor:
+        m = donor.shape[0]
+        return donor if m == n else donor[torch.arange(n, device=donor.device) % m]
+
+    def swap(self, features: list, masks: list) -> list:
+        """``features[i][plen, D]`` with image positions ``masks[i]`` -> the same with donors' states there."""
+        own = [f[m] for f, m in zip(features, masks)]
+        with_images = [i for i, m in enumerate(masks) if bool(m.any())]
+        out = list(features)
+        for j, i in enumerate(with_images):
+            donor = None
+            for step in range(1, len(with_images)):  # another row of this batch, rotated
+                cand = own[with_images[(j + step) % len(with_images)]]
+                if not (cand.shape == own[i].shape and torch.equal(cand, own[i])):
+                    donor = cand
+                    break
+            if donor is None:
+                donor = next((d for d in reversed(self.bank)
+                              if not (d.shape == own[i].shape and torch.equal(d.to(own[i].device), own[i]))), None)
+            if donor is None:
+                self.kept_own += 1
+                continue
+            f = features[i].clone()
+            f[masks[i]] = self._fit(donor.to(f.device, f.dtype), int(masks[i].sum()))
+            out[i] = f
+            self.swapped += 1
+        for i in with_images:
+            self.bank.append(own[i].detach())
+        del self.bank[: max(0, len(self.bank) - self.memory)]
+        return out

@@ -1,0 +1,140 @@
+"""Training GLANCE with ``mmspec train --kind glance``: the shared data stage and fit loop, GLANCE's record,
+anchors and loss.
+
+Stage 1 (:func:`mmspec.train.collect_data`) asks :meth:`GlanceTrainer.record` for one record per item: the
+target's greedy response (the EAGLE record of :func:`mmspec.drafters.eagle.target_record`: tokens, the target's
+next-token labels, the kept layers' states over prompt AND response, image positions included) plus the
+positions the target itself used for every token (M-RoPE: time, height, width). Stage 2
+(:func:`mmspec.train.fit`) batches them with :func:`~mmspec.drafters.block.collate_blocks` (random anchors
+among the generated positions of each sequence) and optimises :class:`~mmspec.drafters.block.BlockLoss`
+(the block mask: context strictly before the anchor, bidirectional inside a block, blocks blind to each
+other; cross-entropy per offset with DFlash's position decay). ``--val-shards`` scores held-out records with
+the same loss: the per-offset top-1 there is the acceptance to expect.
+
+Kind options (``--options '{"num_anchors": 16}'``), validated before any model loads and saved with the run:
+``num_anchors`` (blocks per sequence, default 16), ``loss_decay`` (DFlash's gamma, default block_size / 2;
+0 for none), ``num_layers`` (head layers, default 2), ``num_kept_layers`` (target layers read, default 3).
+The block holds ``--num-draft-tokens`` + 1 tokens.
+
+Example:
+    >>> from mmspec.train import get_trainer
+    >>> get_trainer("glance").kind
+    'glance'
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.errors import InvalidInputError
+from mmspec.train import Trainer
+
+__all__ = ["GlanceTrainer", "glance_record", "OPTION_DEFAULTS"]
+
+OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_kept_layers": 3}
+"""GLANCE's training options and their defaults (``loss_decay=None``: ``block_size / 2``)."""
+
+
+@torch.no_grad()
+def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=torch.bfloat16) -> dict:
+    """One record: :func:`~mmspec.drafters.eagle.target_record` plus ``positions[n, A]`` (the target's own
+    positions of prompt + response: one axis for 1-D RoPE, three for M-RoPE), features stored in
+    ``feature_dtype`` (bfloat16 by default: half the disk of float32, and a page's record is mostly its ~300
+    image positions times the kept layers; the head trains in float32 on them)."""
+    from mmspec.drafters.block import context_positions, rope_settings
+    from mmspec.drafters.eagle import _extend_inputs, _text_model_inputs, target_record
+
+    rec = target_record(model, inputs, layer_ids, max_new_tokens)
+    full = rec["tokens"]
+    if torch.is_tensor(inputs):
+        ext = _text_model_inputs(model, full)
+    else:
+        cpu = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in dict(inputs).items()}
+        ext = _extend_inputs(cpu, full, model.device)
+    n_axes = 1 if rope_settings(model)["mrope_section"] is None else 3
+    rec["positions"] = context_positions(model, ext, n_axes)[0].cpu()
+    rec["features"] = rec["features"].to(feature_dtype)
+    return rec
+
+
+class GlanceTrainer(Trainer):
+    """GLANCE's plug into :mod:`mmspec.train` (see the module docstring)."""
+
+    kind = "glance"
+
+    def __init__(self):
+        self._gen = torch.Generator().manual_seed(0)
+        self._opts = dict(OPTION_DEFAULTS)
+        self._block = None
+
+    @property
+    def drafter_cls(self):
+        from .drafter import GlanceDrafter
+
+        return GlanceDrafter
+
+    def options(self, cfg) -> dict:
+        """The kind's options of ``cfg`` over the defaults (validated)."""
+        given = dict(getattr(cfg, "options", None) or {})
+        bad = sorted(set(given) - set(OPTION_DEFAULTS))
+        if bad:
+            raise InvalidInputError(f"unknown glance training options {bad}; known: {sorted(OPTION_DEFAULTS)}")
+        opts = {**OPTION_DEFAULTS, **given}
+        for k in ("num_anchors", "num_layers", "num_kept_layers"):
+            v = opts[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidInputError(f"glance option {k} must be a positive integer (got {v!r})")
+        d = opts["loss_decay"]
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0):
+            raise InvalidInputError(f"glance option loss_decay must be a number >= 0 (got {d!r})")
+        return opts
+
+    def check_config(self, cfg):
+        opts = self.options(cfg)
+        if cfg.num_draft_tokens < 1:
+            raise InvalidInputError("glance drafts at least one token per block (--num-draft-tokens >= 1)")
+        if cfg.layer_ids is not None and len(cfg.layer_ids) != opts["num_kept_layers"] and "num_kept_layers" in (
+                getattr(cfg, "options", None) or {}):
+            raise InvalidInputError(f"layer_ids {list(cfg.layer_ids)} and num_kept_layers "
+                                    f"{opts['num_kept_layers']} disagree")
+        self._opts = opts
+        self._block = cfg.num_draft_tokens + 1
+
+    def layer_ids(self, cfg, model_config) -> tuple:
+        from mmspec.drafters.block import kept_layer_ids
+
+        n = int(model_config.get_text_config(decoder=True).num_hidden_layers)
+        if cfg.layer_ids is not None:
+            return tuple(cfg.layer_ids)
+        return kept_layer_ids(n, self.options(cfg)["num_kept_layers"])
+
+    def build_drafter(self, cfg, model, tokenizer):
+        from .drafter import GlanceDrafter
+
+        opts = self.options(cfg)
+        return GlanceDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
+                                         block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"])
+
+    def record(self, cfg, model, inputs, layer_ids):
+        return glance_record(model, inputs, layer_ids, cfg.max_new_tokens)
+
+    def collate(self, records):
+        from mmspec.drafters.block import collate_blocks
+
+        if self._block is None:
+            raise InvalidInputError("GlanceTrainer.collate before check_config: validate the TrainConfig first")
+        first = records[0]
+        n_axes = first["positions"].reshape(len(first["tokens"]), -1).shape[1] if "positions" in first else 1
+        return collate_blocks(records, self._block, self._opts["num_anchors"], self._gen, n_axes)
+
+    def loss_module(self, drafter, cfg):
+        from mmspec.drafters.block import BlockLoss
+
+        opts = self.options(cfg)
+        if drafter.block_size != cfg.num_draft_tokens + 1:
+            raise InvalidInputError(f"the initial drafter drafts blocks of {drafter.block_size}; --num-draft-tokens "
+                                    f"{cfg.num_draft_tokens} asks for {cfg.num_draft_tokens + 1}")
+        decay = opts["loss_decay"]
+        decay = drafter.block_size / 2 if decay is None else (float(decay) or None)
+        self._opts, self._block = opts, drafter.block_size
+        return BlockLoss(drafter, decay)
