@@ -8,7 +8,7 @@ import torch
 
 from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TargetTrainConfig, aux_targets, build_target,
                                    char_locations, evaluate, export_target, grounding, make_batch, reading_targets,
-                                   self_feed_inputs, train_target)
+                                   reference_ids, reference_tau, self_feed_inputs, train_target)
 from mmspec.workloads import get_workload
 
 
@@ -219,3 +219,20 @@ def test_reading_targets_skip_an_answer_merged_into_the_prompt():
     batch = make_batch(proc, [odd, plain])
     where = reading_targets(proc, [odd, plain], batch)
     assert (where[0] < 0).all() and (where[1] >= 0).any()
+
+
+def test_reference_tau_counts_rounds_by_kind(tiny):
+    """The reference is the answer as the target would emit it (end-of-turn included); reference_tau runs the
+    reference-knowing drafter over each kind's items and pools its rounds."""
+    model, proc = tiny
+    wl = get_workload("docs", mode="mix", block_fraction=0.5)
+    exs = wl.examples("test", 4)
+    for ex in exs:
+        ids = reference_ids(proc, ex)
+        assert ids[-1] == proc.tokenizer.eos_token_id and proc.tokenizer.decode(ids[:-1]).strip() == ex.target
+    res = reference_tau(model, proc, "docs", n=4, max_new_tokens=6, depth=3, batch_size=2,
+                        options={"mode": "mix", "block_fraction": 0.5})
+    assert set(res["by_kind"]) == {ex.meta["kind"] for ex in exs}
+    rounds = sum(k["rounds"] for k in res["by_kind"].values())
+    assert 4 <= rounds <= 4 * 5  # every row ran at least one round, at most one per token after the first
+    assert 1.0 <= res["reference_tau"] <= 4.0 and len(res["accept_rate"]) <= 3 and res["dtype"] == "float32"

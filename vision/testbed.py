@@ -28,12 +28,14 @@ import torch
 
 from mmspec.demo import build_qwen2vl, train_tokenizer
 from mmspec.drafters.eagle import warmup_cosine
+from mmspec.inputs import edit_distance
 from mmspec.train import add_config_arguments, trim_log
 from mmspec.workloads import get_workload
 
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
-           "patch_reading_loss", "reading_targets", "train_target", "evaluate", "grounding", "export_target",
-           "bundled_target", "bundled_eagle", "PatchReader", "CHARSET", "self_feed_inputs"]
+           "patch_reading_loss", "reading_targets", "train_target", "evaluate", "grounding", "reference_ids",
+           "reference_tau", "export_target", "bundled_target", "bundled_eagle", "PatchReader", "CHARSET",
+           "self_feed_inputs"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
 _CHAR_INDEX = {c: i for i, c in enumerate(CHARSET)}
@@ -532,14 +534,7 @@ def _read_layers(cfg: TargetTrainConfig, n_layers: int) -> list[int]:
     return [n_layers // 2 - 1, n_layers // 2] if n_layers >= 2 else [0]
 
 
-def _edit_distance(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
+_edit_distance = edit_distance  # the one implementation, shared with the bench's quality fields
 
 
 @torch.no_grad()
@@ -624,6 +619,69 @@ def grounding(model, processor, workload: str, n: int = 16, batch_size: int = 4,
                         for k, t in tally.items()}}
 
 
+def reference_ids(processor, example) -> list[int]:
+    """The token ids a target that copies ``example.target`` exactly would generate (end-of-turn included):
+    the answer tokenised after its chat prompt, as in training (see :func:`make_batch`).
+
+    Example:
+        >>> ex = get_workload("charts").example("test", 0)                            # doctest: +SKIP
+        >>> processor.tokenizer.decode(reference_ids(processor, ex)[:-1]) == ex.target   # doctest: +SKIP
+        True
+    """
+    tok = processor.tokenizer
+    prompt = _chat_prompts(processor, [example])[0]
+    full = tok(prompt + example.target + tok.eos_token, add_special_tokens=False)["input_ids"]
+    head = tok(prompt, add_special_tokens=False)["input_ids"]
+    if full[:len(head)] == head:
+        return full[len(head):]
+    # The answer's first token merged with the prompt's end (e.g. "\n4."): the answer on its own.
+    return tok(example.target + tok.eos_token, add_special_tokens=False)["input_ids"]
+
+
+@torch.no_grad()
+def reference_tau(model, processor, workload: str, n: int = 20, max_new_tokens: int = 256, depth: int = 8,
+                  batch_size: int = 4, options: dict | None = None) -> dict:
+    """τ of the reference-knowing audit drafter (:class:`~mmspec.drafters.reference.ReferenceLookupDrafter`,
+    ``depth`` deep) on ``n`` test items: how much of the target's greedy output is the reference, in the
+    units a drafter that reads the page would be paid in. Overall and by kind (docs: page / block; charts:
+    regime); items are batched within a kind. ``accept_rate[d]``: share of rounds that reached depth ``d + 1``
+    and accepted it.
+
+    Why: a target that drifts off the page caps every page-reading drafter's τ, however good; this figure
+    says by how much (the target bundled before issue 14: about 1.9 on docs, 1.3 on charts, in bf16).
+
+    Example:
+        >>> reference_tau(model, processor, "docs", n=8, max_new_tokens=64)          # doctest: +SKIP
+        {'workload': 'docs', 'n': 8, 'depth': 8, 'reference_tau': 1.93, 'accept_rate': [...], 'by_kind': {...}}
+    """
+    from mmspec.decode import generate
+    from mmspec.drafters.reference import ReferenceLookupDrafter
+    from mmspec.stats import SpecStats
+
+    wl = get_workload(workload, **(options or {}))
+    groups: dict = {}
+    for ex in wl.examples("test", n):
+        groups.setdefault(ex.meta.get("kind") or ex.meta.get("regime", "-"), []).append(ex)
+    drafter = ReferenceLookupDrafter(depth=depth)
+    by_kind = {}
+    model.eval()
+    for kind, items in groups.items():
+        stats = SpecStats()
+        for start in range(0, len(items), batch_size):
+            exs = items[start:start + batch_size]
+            drafter.set_references([reference_ids(processor, ex) for ex in exs])
+            out = generate(model, make_batch(processor, exs, train=False), drafter=drafter, do_sample=False,
+                           max_new_tokens=max_new_tokens)
+            stats = stats.merge(out.stats)
+        by_kind[kind] = stats
+    total = SpecStats()
+    for stats in by_kind.values():
+        total = total.merge(stats)
+    return {"workload": workload, "n": n, "depth": depth, "dtype": str(model.dtype).removeprefix("torch."),
+            "reference_tau": total.tau, "accept_rate": total.accept_rate[:depth],
+            "by_kind": {k: {"reference_tau": s.tau, "rounds": s.row_rounds} for k, s in by_kind.items()}}
+
+
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 TARGET_DIR = os.path.join(BUNDLED, "testbed-vlm")
 EAGLE_DIR = os.path.join(BUNDLED, "testbed-vlm-eagle")
@@ -688,6 +746,12 @@ def main(argv=None) -> int:
                    help='constructor arguments per workload, e.g. \'{"docs": {"scrambled_fraction": 1.0}}\'')
     e.add_argument("--grounding", action="store_true",
                    help="also report teacher-forced accuracy with each image and with a blank one")
+    e.add_argument("--reference-tau", action="store_true",
+                   help="also report the tau of a drafter that knows the reference (depth --depth)")
+    e.add_argument("--depth", type=int, default=8, help="draft depth of --reference-tau")
+    e.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="load the target in this dtype (default: its config's)")
+    e.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args(argv)
     if args.cmd == "train":
         cfg = TargetTrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"})
@@ -699,7 +763,10 @@ def main(argv=None) -> int:
     args.model = args.model or bundled_target()
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
-    model = Qwen2VLForConditionalGeneration.from_pretrained(args.model).eval()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = {"dtype": getattr(torch, args.dtype)} if args.dtype else {}
+    model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, **dtype).eval()
     processor = AutoProcessor.from_pretrained(args.model)
     for name in args.workload.split(","):
         options = dict(args.workload_options.get(name, {}))
@@ -709,6 +776,9 @@ def main(argv=None) -> int:
                                   options=options)))
         if args.grounding:
             print(json.dumps(grounding(model, processor, name, n=args.n, options=options)))
+        if args.reference_tau:
+            print(json.dumps(reference_tau(model, processor, name, n=args.n, max_new_tokens=args.max_new_tokens,
+                                           depth=args.depth, options=options)))
     return 0
 
 
