@@ -307,18 +307,6 @@ def _reference_lookup_factory(target_model, path=None, references=(), **options)
         raise InvalidInputError(f"bad reference-lookup options {sorted(options)}: {e}") from e
 
 
-def _reference_lookup_factory(target_model, path=None, references=(), **options):
-    from .drafters.reference import ReferenceLookupDrafter
-
-    if path:
-        raise InvalidInputError(f"reference-lookup takes no path (got 'reference-lookup:{path}'); it needs each "
-                                "request's reference tokens, given with set_references(...)")
-    try:
-        return ReferenceLookupDrafter(references, **options)
-    except TypeError as e:
-        raise InvalidInputError(f"bad reference-lookup options {sorted(options)}: {e}") from e
-
-
 def _auto_class_for(target_model, config):
     """The transformers auto class that loads ``config``, preferring the one that loaded the target."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -376,7 +364,6 @@ def _union_factory(target_model, path=None, drafters=(), budget=None, **options)
 
 
 register_drafter("lookup", _lookup_factory)
-register_drafter("reference-lookup", _reference_lookup_factory)
 register_drafter("reference-lookup", _reference_lookup_factory)
 register_drafter("draft-model", _draft_model_factory)
 register_drafter("union", _union_factory)
