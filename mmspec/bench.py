@@ -52,6 +52,7 @@ import torch
 from .budget import DepthBudget
 from .checkpoints import dtype_note, resolve_dtype
 from .errors import InvalidInputError
+from .inputs import load_requests, text_quality
 from .registry import UNION_SEP
 from .stats import SpecStats
 
@@ -138,6 +139,9 @@ class BenchConfig:
             thread is often faster and steadier for tiny models.
         dtype: the dtype every model runs in: ``"auto"`` (default, the checkpoint's stored dtype: bf16 for
             the bundled models), ``"bfloat16"``, ``"float16"``, ``"float32"``.
+        inputs: a JSONL file of the user's own requests (:mod:`mmspec.inputs`), measured instead of
+            ``workloads`` as one workload named ``inputs:<file name>``; ``n`` (default: every line) takes
+            the first ``n``. Quality fields come from the lines' ``reference``.
 
     Example:
         >>> BenchConfig(quick=True).resolved_sizes()
@@ -158,6 +162,7 @@ class BenchConfig:
     device: str | None = None
     threads: int | None = None
     dtype: str | None = "auto"
+    inputs: str | None = None
 
     def resolved_device(self) -> torch.device:
         """``device``, or CUDA when available, else the CPU: where every system and plain pipeline runs.
@@ -177,6 +182,13 @@ class BenchConfig:
             if not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"{name} must be a positive integer (got {v!r})")
         return n, new
+
+
+@dataclass
+class _Named:
+    """A workload stand-in for a run over the user's own requests (``--inputs``): a name, nothing else."""
+
+    name: str
 
 
 def _resolve_workloads(names) -> list:
@@ -471,6 +483,7 @@ class _Tally:
     rows: int = 0
     identical_rows: int = 0
     divergences: list = field(default_factory=list)
+    texts: list = field(default_factory=list)  # decoded outputs, in example order (quality fields)
     stats: SpecStats | None = None
 
 
@@ -580,12 +593,13 @@ def _attempt(tally: _Tally, inputs, where: str, device):
 
 
 def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System], device, eos_ids: set,
-                bar) -> list[_Tally]:
+                bar, decode=None) -> list[_Tally]:
     """Measure every system on ``batches`` (one workload, one batch size), interleaved; one tally each.
 
     The first batch is run once untimed by every system (warm-up); then each batch is run by every
     system back to back, the order rotated by one per batch. AR failing is a real failure and raises;
-    any other system that raises is marked ``error`` and skipped for the rest of the cell.
+    any other system that raises is marked ``error`` and skipped for the rest of the cell. ``decode``
+    (sequences, prompt length -> texts) keeps each system's texts for the quality fields.
     """
     tallies = [_Tally(s) for s in systems]
     for t in tallies:
@@ -604,6 +618,8 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
                 continue
             seq, stats, forwards, seconds = run
             outputs[t.system.name] = seq.cpu()
+            if decode is not None:
+                t.texts += decode(seq, inputs["input_ids"].shape[1])
             t.time += seconds
             t.batch_times.append(seconds)
             t.forwards += forwards
@@ -624,12 +640,14 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
     return tallies
 
 
-def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: _Tally) -> dict:
+def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: _Tally, references=None) -> dict:
     """One result row; measured fields are ``None`` when the system did not run to the end.
 
     ``speedup_vs_ar`` is the pooled ratio (sum of AR times / sum of the system's); ``speedup_median``, the
     median over batches of the per-batch ratio, is its robust companion: when they disagree, a few runs
     were disturbed (on a small shared CPU, a stalled thread can inflate one run many times over).
+    ``quality`` (character error rate and exact match of the system's texts against ``references``, the
+    examples' reference answers, ``None`` where an example has none) is ``None`` when no example has one.
     """
     s, kind, ok = tally.stats, tally.system.kind, tally.status == "ok"
     rec = {"workload": workload, "system": tally.system.label, "spec": tally.system.name, "kind": kind,
@@ -638,7 +656,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     if not ok:
         measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
                     "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar",
-                    "identical_rate", "divergences", "new_tokens", "lossless")
+                    "identical_rate", "divergences", "new_tokens", "lossless", "quality")
         return {**rec, **dict.fromkeys(measured)}
     if kind == "mmspec":
         fpt, tau, lossless = s.forwards_per_token, s.tau, s.lossless
@@ -661,6 +679,8 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
         identical_rate=tally.identical_rows / tally.rows if tally.rows else None,
         divergences=tally.divergences,
         new_tokens=tally.new_tokens,
+        quality=text_quality(tally.texts, references) if references and len(tally.texts) == len(references)
+        else None,
         lossless=lossless,
     )
     if kind == "ar":
@@ -913,6 +933,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     n, max_new = cfg.resolved_sizes()
     if not cfg.batch_sizes or any(not isinstance(b, int) or b < 1 for b in cfg.batch_sizes):
         raise InvalidInputError(f"batch sizes must be positive integers (got {cfg.batch_sizes!r})")
+    requests = None
+    if cfg.inputs is not None:
+        if cfg.workloads:
+            raise InvalidInputError("--inputs replaces --workload: give one or the other")
+        requests = load_requests(cfg.inputs)
+        n = len(requests) if cfg.n is None else min(n, len(requests))
     every = _resolve_workloads(cfg.workloads)
     plain = [w for w in every if w.plain_pipeline]
     workloads = [w for w in every if not w.plain_pipeline]
@@ -942,6 +968,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
         return BenchReport(results, {**_meta(cfg, None, None, n, max_new), "models": plain_models})
     examples = {w.name: w.examples(cfg.split, n) for w in workloads}
     model_path = vlm_model or default_model_path(workloads)
+    if requests is not None:  # the user's own requests, in place of the workloads (the default target stays)
+        name = f"inputs:{os.path.basename(cfg.inputs)}"
+        workloads, examples = [_Named(name)], {name: requests[:n]}
     with _quiet_transformers():
         device = cfg.resolved_device()
         pipe = MMSpecPipeline.from_pretrained(model_path, dtype=resolve_dtype(cfg.dtype, model_path, device))
@@ -957,9 +986,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
                                for c in chunks]
                     ids = [",".join(e.id for e in c) for c in chunks]
                     bar.set_postfix_str(f"{wl.name} bs={bs}")
-                    tallies = _bench_cell(batches, ids, bs, systems, device, eos_ids, bar)
+                    tallies = _bench_cell(batches, ids, bs, systems, device, eos_ids, bar, decode=pipe.decode_new)
                     ar = tallies[0]
-                    results += [_record(wl.name, bs, n, t, ar) for t in tallies]
+                    refs = [e.target if e.target or e.meta.get("has_reference") else None
+                            for c in chunks for e in c]
+                    results += [_record(wl.name, bs, n, t, ar, refs) for t in tallies]
     meta = _meta(cfg, model_path, pipe.model, n, max_new)
     meta["dtype_note"] = dtype_note(cfg.dtype, model_path, device)
     if plain_models:

@@ -42,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", required=True, help="target checkpoint: a folder written by save_pretrained (or hub id)")
     g.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="an image file; repeat for several images")
-    g.add_argument("--prompt", required=True, help="the user prompt")
+    g.add_argument("--prompt", default=None, help="the user prompt (or --inputs FILE.jsonl for many requests)")
+    g.add_argument("--inputs", default=None, metavar="FILE.jsonl",
+                   help='requests, one JSON object a line: {"images": [paths relative to the file], "prompt": ...}; '
+                        "needs --out")
+    g.add_argument("--out", default=None, metavar="OUT.jsonl",
+                   help="with --inputs: one output line per request, in input order (a rerun skips those done)")
+    g.add_argument("--batch-size", type=int, default=1, help="with --inputs: requests decoded together")
+    g.add_argument("--no-progress", action="store_true", help="with --inputs: no progress bar")
     g.add_argument("--drafter", default="lookup",
                    help="'lookup' (default), 'draft-model:PATH', another registered kind, or 'none'")
     g.add_argument("--max-new-tokens", type=int, default=64)
@@ -70,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default=None,
                    help="target checkpoint, or NAME=PATH,... per workload (default: the workload's bundled "
                         "trained model, else the tiny demo VLM)")
+    b.add_argument("--inputs", default=None, metavar="FILE.jsonl",
+                   help="benchmark your own requests instead of a workload: one JSON object a line, "
+                        '{"images": [paths relative to the file], "prompt": ..., "reference": optional}')
     b.add_argument("--workload", default=None,
                    help="comma-separated workloads (default: docs,charts); driving and images run their plain "
                         "pipelines (latency per stage and quality fields)")
@@ -145,8 +155,23 @@ def _json_object(text: str) -> dict:
 
 
 def _generate(args) -> int:
+    from .errors import InvalidInputError
+    from .inputs import generate_requests, load_requests
     from .pipelines import MMSpecPipeline
 
+    requests = None
+    if args.inputs is not None:  # checked before the model loads
+        if args.prompt is not None or args.image:
+            raise InvalidInputError("--inputs carries the prompts and images: drop --prompt / --image")
+        if not args.out:
+            raise InvalidInputError("--inputs needs --out OUT.jsonl (one output line per request)")
+        if args.batch_size < 1:
+            raise InvalidInputError(f"--batch-size must be >= 1 (got {args.batch_size})")
+        requests = load_requests(args.inputs)
+    elif args.prompt is None:
+        raise InvalidInputError("give --prompt (one request) or --inputs FILE.jsonl with --out (many)")
+    elif args.out:
+        raise InvalidInputError("--out goes with --inputs; a single --prompt prints its answer")
     drafter = None if args.drafter in (None, "", "none") else args.drafter
     pipe = MMSpecPipeline.from_pretrained(args.model, drafter=drafter, task=args.task, dtype=args.dtype,
                                           device_map=args.device_map, trust_remote_code=args.trust_remote_code)
@@ -165,6 +190,12 @@ def _generate(args) -> int:
             kwargs["seed"] = args.seed
     else:
         kwargs["do_sample"] = False
+    if requests is not None:
+        done = generate_requests(pipe, requests, args.out, batch_size=args.batch_size, progress=not args.no_progress,
+                                 max_new_tokens=args.max_new_tokens, **kwargs)
+        print(f"mmspec: {done['written']} requests written to {done['out']}"
+              + (f" ({done['skipped']} already there, skipped)" if done["skipped"] else ""), file=sys.stderr)
+        return 0
     out = pipe(images=list(args.image) or None, prompt=args.prompt, max_new_tokens=args.max_new_tokens, **kwargs)
     if args.json:
         print(json.dumps({"text": out.text, "stats": out.stats.to_dict()}))
@@ -189,7 +220,8 @@ def _bench(args) -> int:
     cfg = BenchConfig(model=args.model, workloads=parse_csv(args.workload), systems=parse_csv(args.systems),
                       draft_model=args.draft_model, n=args.n, max_new_tokens=args.max_new_tokens,
                       batch_sizes=parse_csv(args.batch_sizes, int, "batch size"), split=args.split, seed=args.seed,
-                      quick=args.quick, device=args.device, threads=args.threads, dtype=args.dtype)
+                      quick=args.quick, device=args.device, threads=args.threads, dtype=args.dtype,
+                      inputs=args.inputs)
     report = run_bench(cfg, progress=not args.no_progress)
     print(report.table())
     if args.json:

@@ -534,9 +534,6 @@ def _read_layers(cfg: TargetTrainConfig, n_layers: int) -> list[int]:
     return [n_layers // 2 - 1, n_layers // 2] if n_layers >= 2 else [0]
 
 
-_edit_distance = edit_distance  # the one implementation, shared with the bench's quality fields
-
-
 @torch.no_grad()
 def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int = 256, batch_size: int = 4,
              options: dict | None = None) -> dict:
@@ -558,7 +555,7 @@ def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int =
         texts = processor.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
         for ex, text in zip(exs, texts):
             ok = text.strip() == ex.target.strip()
-            err = _edit_distance(text.strip(), ex.target.strip())
+            err = edit_distance(text.strip(), ex.target.strip())
             exact += ok
             errors += err
             chars += max(1, len(ex.target.strip()))
