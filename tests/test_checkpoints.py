@@ -154,3 +154,18 @@ def test_pipeline_and_its_drafters_follow_the_target_dtype(tmp_path, monkeypatch
     out = pipe(images=None, prompt="hello", max_new_tokens=4)  # a float32 head over bf16 states runs
     assert out.sequences.shape[1] > 0
     assert MMSpecPipeline.from_pretrained(tiny_vlm).model.dtype == torch.float32  # stored in float32
+
+
+def test_bundled_target_and_head_load_in_bfloat16_where_native(monkeypatch):
+    from mmspec import MMSpecPipeline
+    from mmspec.vision.testbed import TARGET_DIR
+
+    if not os.path.isdir(TARGET_DIR):
+        import pytest
+
+        pytest.skip("no bundled target in this checkout")
+    _native(monkeypatch, True)
+    pipe = MMSpecPipeline.from_pretrained(TARGET_DIR, drafter="eagle")
+    assert pipe.model.dtype == torch.bfloat16 and pipe.drafter.fc.weight.dtype == torch.bfloat16
+    _native(monkeypatch, False)
+    assert MMSpecPipeline.from_pretrained(TARGET_DIR).model.dtype == torch.float32
