@@ -4,38 +4,140 @@ The baseline FlashDrive-style methods are measured against: encode (the vision t
 prefill (the rest of the first backbone pass), decode (the reasoning, greedy), action (the expert's Euler
 steps over the cache) and total, in milliseconds (CUDA-synchronised on a GPU).
 
+Every request is checked before the model runs (:class:`mmspec.InvalidInputError`): frames go through the
+one image loader of the VLM pipeline (:func:`mmspec.vision.load_image`: paths, PIL images, uint8 or float
+arrays), as many per camera as the model was trained on; the ego history is ``[16, 3]`` and finite; the
+speed a finite number of m/s a car can drive.
+
 Example:
-    >>> pipe = DrivingPipeline(DrivingVLA.from_pretrained("driving-vla"))         # doctest: +SKIP
-    >>> out = pipe.step(frames, history, speed)                                   # doctest: +SKIP
-    >>> out["reasoning"], out["trajectory"].shape, sorted(out["timings_ms"])      # doctest: +SKIP
+    >>> from mmspec.drivers import DrivingPipeline                                   # doctest: +SKIP
+    >>> pipe = DrivingPipeline.from_pretrained("drivers/assets/driving-vla")         # doctest: +SKIP
+    >>> out = pipe.step(frames, history, speed)                                      # doctest: +SKIP
+    >>> out["reasoning"], out["trajectory"].shape, sorted(out["timings_ms"])         # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import torch
 
+from mmspec.errors import InvalidImageError, InvalidInputError
+from mmspec.pipelines import MMSpecPipeline
+
+from .clips import FRAMES_PER_CAMERA, HISTORY_TICKS
 from .vla import integrate_actions
 from .workload import driving_prompt
+from .world import CAMERAS
 
-__all__ = ["DrivingPipeline", "STAGES"]
+__all__ = ["DrivingPipeline", "STAGES", "MAX_SPEED_MPS"]
 
 STAGES = ("encode", "prefill", "decode", "action", "total")
+MAX_SPEED_MPS = 70.0
+"""The fastest ego speed a request may state (252 km/h): above any road car's cruise, far above the world's
+expert (~15 m/s), so only nonsense (1e6, a km/h figure times ten) is refused."""
+
+TRAINED_CAMERAS, TRAINED_FRAMES = "mmspec_cameras", "mmspec_frames_per_camera"
+"""``config.json`` keys of a driving VLA: the cameras and frames per camera it was trained on (absent in
+folders saved before them: the workload's defaults, ``["front"]`` and 4)."""
 
 
-class DrivingPipeline:
+class DrivingPipeline(MMSpecPipeline):
     """Plain (non-speculative) driving VLA inference: frames + ego history -> reasoning + 6.4 s trajectory.
+
+    ``MMSpecPipeline.from_pretrained(folder)`` returns one for a folder whose config says ``"mmspec_task":
+    "driving"`` (what :meth:`~mmspec.drivers.train_vla.DrivingVLA.save_pretrained` writes); so does
+    ``DrivingPipeline.from_pretrained(folder)``.
 
     Args:
         vla: a :class:`~mmspec.drivers.train_vla.DrivingVLA`.
-        cameras: camera names the frames come from (in order, each with the same number of frames).
+        cameras: camera names the frames come from (in order, each with the same number of frames); default
+            the cameras the model was trained on.
         max_reasoning_tokens: cap on the reasoning length.
+
+    Example:
+        >>> pipe = DrivingPipeline.from_pretrained("drivers/assets/driving-vla")      # doctest: +SKIP
+        >>> pipe.cameras, pipe.frames_per_camera                                      # doctest: +SKIP
+        (('front',), 4)
     """
 
-    def __init__(self, vla, cameras=("front",), max_reasoning_tokens: int = 40):
-        self.vla, self.cameras, self.max_reasoning_tokens = vla, tuple(cameras), int(max_reasoning_tokens)
+    task = "driving"
+    model_types = ()  # a driving VLA's backbone is a qwen2_vl: it is recognised by its config's mmspec_task
+
+    def __init__(self, vla, cameras=None, max_reasoning_tokens: int = 40):
+        super().__init__(vla.backbone, vla.processor, drafter=None)
+        config = vla.backbone.config
+        trained = tuple(getattr(config, TRAINED_CAMERAS, None) or ("front",))
+        self.frames_per_camera = int(getattr(config, TRAINED_FRAMES, None) or FRAMES_PER_CAMERA)
+        cameras = trained if cameras is None else ((cameras,) if isinstance(cameras, str) else tuple(cameras))
+        unknown = [c for c in cameras if c not in CAMERAS]
+        if unknown or not cameras:
+            raise InvalidInputError(f"unknown camera(s) {unknown}; the world has {sorted(CAMERAS)}")
+        if any(c not in trained for c in cameras):
+            raise InvalidInputError(f"cameras {list(cameras)}: this model was trained on cameras {list(trained)}")
+        if isinstance(max_reasoning_tokens, bool) or not isinstance(max_reasoning_tokens, int) \
+                or max_reasoning_tokens <= 0:
+            raise InvalidInputError(f"max_reasoning_tokens must be a positive integer (got {max_reasoning_tokens!r})")
+        self.vla, self.cameras, self.max_reasoning_tokens = vla, cameras, max_reasoning_tokens
+
+    @classmethod
+    def _from_config(cls, target, config, drafter=None, dtype=None, device_map=None, trust_remote_code=False,
+                     **kw):
+        from .train_vla import DrivingVLA
+
+        if drafter is not None:
+            raise InvalidInputError("the driving pipeline has no speculative drafter yet (FlashDrive's comes with "
+                                    "the driving issues); load it without drafter=")
+        if kw:
+            raise InvalidInputError(f"the driving pipeline takes no further loading arguments (got {sorted(kw)})")
+        vla = DrivingVLA.from_pretrained(target, dtype="auto" if dtype is None else dtype)
+        if device_map is not None:
+            if not isinstance(device_map, (str, torch.device)) or str(device_map) == "auto":
+                raise InvalidInputError(f"the driving VLA runs on one device: pass device_map='cpu', 'cuda', 'cuda:1'... "
+                                        f"(got {device_map!r})")
+            vla.to(torch.device(device_map))
+        return cls(vla)
+
+    def _frames(self, frames) -> list:
+        """The frames as RGB PIL images through the shared loader, as many as the model was trained on."""
+        from mmspec.vision import load_image
+
+        if not isinstance(frames, (list, tuple)):
+            raise InvalidInputError(f"frames must be a list of frames (per camera, oldest first), not "
+                                    f"{type(frames).__name__}")
+        need = self.frames_per_camera * len(self.cameras)
+        if len(frames) != need:
+            raise InvalidInputError(f"{len(frames)} frames for cameras {list(self.cameras)}: the model was trained on "
+                                    f"{self.frames_per_camera} frames per camera ({need} in all, oldest first)")
+        images = []
+        for i, f in enumerate(frames):
+            try:
+                images.append(load_image(f))
+            except InvalidImageError as e:
+                raise InvalidImageError(f"frame {i}: {e}") from e
+        return images
+
+    @staticmethod
+    def _history(ego_history) -> np.ndarray:
+        try:
+            hist = np.asarray(ego_history, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise InvalidInputError(f"the ego history must be a [{HISTORY_TICKS}, 3] array of numbers: {e}") from e
+        if hist.shape != (HISTORY_TICKS, 3):
+            raise InvalidInputError(f"the ego history must be [{HISTORY_TICKS}, 3] (x, y, yaw of the last "
+                                    f"{HISTORY_TICKS} ticks in the ego frame, oldest first); got shape {hist.shape}")
+        if not np.isfinite(hist).all():
+            raise InvalidInputError("the ego history contains NaN or infinite values")
+        return hist
+
+    @staticmethod
+    def _speed(speed) -> float:
+        ok = isinstance(speed, (int, float, np.integer, np.floating)) and not isinstance(speed, bool)
+        if not ok or not math.isfinite(float(speed)) or not 0.0 <= float(speed) <= MAX_SPEED_MPS:
+            raise InvalidInputError(f"speed must be a finite number of m/s in [0, {MAX_SPEED_MPS:g}] (got {speed!r})")
+        return float(speed)
 
     def _sync(self):
         dev = self.vla.backbone.device
@@ -46,18 +148,22 @@ class DrivingPipeline:
     def step(self, frames, ego_history, speed: float, num_samples: int = 1, seed: int = 0) -> dict:
         """One tick. ``frames``: PIL images or arrays (per camera, oldest first); ``ego_history[16, 3]``
         (x, y, yaw in the current ego frame); ``speed`` in m/s. Returns ``reasoning``, ``trajectory[64, 2]``
-        (the first sample), ``trajectories[num_samples, 64, 2]``, ``actions`` and ``timings_ms``."""
-        from PIL import Image
+        (the first sample), ``trajectories[num_samples, 64, 2]``, ``actions`` and ``timings_ms``.
 
+        Frames may be paths, PIL images or arrays (uint8, or floats in ``[0, 1]``), read by the same loader as
+        the VLM pipeline's images. Raises :class:`~mmspec.InvalidInputError` (before the model runs) on a
+        frame count other than the trained one, an ego history that is not ``[16, 3]`` and finite, a speed
+        that is not a finite number in ``[0, MAX_SPEED_MPS]``, or a bad ``num_samples`` / ``seed``."""
         from mmspec.vision.testbed import make_batch
         from mmspec.workloads import Example
 
-        images = [f if isinstance(f, Image.Image) else Image.fromarray(np.asarray(f)) for f in frames]
-        if not images or len(images) % len(self.cameras):
-            from mmspec.errors import InvalidInputError
-
-            raise InvalidInputError(f"{len(images)} frames for cameras {self.cameras}: need the same number per camera")
-        prompt = driving_prompt(self.cameras, len(images) // len(self.cameras), np.asarray(ego_history), speed)
+        images = self._frames(frames)
+        hist, speed = self._history(ego_history), self._speed(speed)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise InvalidInputError(f"num_samples must be a positive integer (got {num_samples!r})")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise InvalidInputError(f"seed must be an integer (got {seed!r})")
+        prompt = driving_prompt(self.cameras, self.frames_per_camera, hist, speed)
         backbone, proc = self.vla.backbone, self.vla.processor
         inputs = make_batch(proc, [Example(id="", prompt=prompt, target="", images=images)], train=False)
         inputs = {k: v.to(backbone.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
@@ -101,7 +207,7 @@ class DrivingPipeline:
         # Batch 1: the continuation position is the cache length plus the model's M-RoPE delta.
         start = L + backbone.model.rope_deltas.view(-1)[:1].to(torch.long)
         valid = torch.ones(1, L, dtype=torch.bool, device=backbone.device)
-        gen = torch.Generator(device=backbone.device).manual_seed(seed)
+        gen = torch.Generator(device=backbone.device).manual_seed(int(seed))
         acts = torch.cat([self.vla.expert.sample(cache, start, valid, generator=gen) for _ in range(num_samples)])
         self._sync()
         t_end = time.perf_counter()

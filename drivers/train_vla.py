@@ -31,6 +31,7 @@ from mmspec.train import add_config_arguments, trim_log
 from mmspec.vision.testbed import PatchReader
 from mmspec.workloads import get_workload
 
+from .clips import FRAMES_PER_CAMERA
 from .vla import ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION, TrajectoryExpert, next_text_positions
 from .world import DT, LABELS, LOOKAHEAD_M
 
@@ -65,7 +66,19 @@ class DrivingVLA(torch.nn.Module):
         weights compactly (loading upcasts to float32)."""
         from mmspec.checkpoints import save_hf_compact, save_state_compact
 
+        from mmspec.pipelines import TASK_KEY
+
+        from .pipeline import TRAINED_CAMERAS, TRAINED_FRAMES
+
         os.makedirs(path, exist_ok=True)
+        # The folder says what it is, so MMSpecPipeline.from_pretrained returns a DrivingPipeline for it (the
+        # backbone alone is a plain qwen2_vl), and what it was trained on, so requests are checked against it.
+        config = self.backbone.config
+        setattr(config, TASK_KEY, "driving")
+        if getattr(config, TRAINED_CAMERAS, None) is None:
+            setattr(config, TRAINED_CAMERAS, ["front"])  # DrivingWorkload's default cameras and frame count
+        if getattr(config, TRAINED_FRAMES, None) is None:
+            setattr(config, TRAINED_FRAMES, FRAMES_PER_CAMERA)
         if dtype is None:
             self.backbone.save_pretrained(path)
         else:
@@ -90,7 +103,12 @@ class DrivingVLA(torch.nn.Module):
         from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
         from mmspec.checkpoints import resolve_dtype
+        from mmspec.checks import check_local_folder
 
+        path = check_local_folder(path, "driving VLA folder")  # said at once, not tried as a hub id
+        if not os.path.isfile(os.path.join(path, EXPERT_CONFIG)):
+            raise InvalidInputError(f"{path} is not a driving VLA folder (no {EXPERT_CONFIG}: DrivingVLA.save_pretrained "
+                                    "writes the backbone and the action expert together)")
         dtype = resolve_dtype(dtype, path)
         backbone = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
         with open(os.path.join(path, EXPERT_CONFIG)) as f:

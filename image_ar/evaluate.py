@@ -151,6 +151,10 @@ def main(argv=None) -> int:
     for sp in (v, c, g, e, x):
         sp.add_argument("--threads", type=int, default=0)
     args = p.parse_args(argv)
+    if args.cmd == "eval" and not (args.generator or args.vq):
+        # It once printed nothing and exited 0: a run that measured nothing must not look like a success.
+        p.error("eval needs --generator PATH (FID and prompt accuracy) and/or --vq PATH (reconstruction); the bundled "
+                "generator is image_ar/assets/image-gen")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.cmd == "train-vq":

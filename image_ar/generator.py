@@ -14,18 +14,29 @@ Two backends behind one :class:`ImageARPipeline` (``pipe(prompt, seed, cfg_scale
 * **janus**: transformers' ``JanusForConditionalGeneration`` in its native image mode (generation head,
   aligner, static cache, its own CFG processor), decoded by its VQ model.
 
+Requests are checked before any generation (:class:`mmspec.InvalidInputError`): prompts (a non-empty
+string or a non-empty list of them), ``seed`` (an integer, or ``None`` for a fresh random one), ``temperature``
+(finite, > 0), ``top_k`` (``None`` / 0 for none, else a positive integer) and ``cfg_scale`` (finite, >= 1).
+
 Example:
-    >>> pipe = ImageARPipeline.from_pretrained("image-gen")                     # doctest: +SKIP
-    >>> pipe("a small red circle in the center on a white background", seed=0)  # doctest: +SKIP
+    >>> from mmspec.image_ar import ImageARPipeline                                        # doctest: +SKIP
+    >>> pipe = ImageARPipeline.from_pretrained("image_ar/assets/image-gen")                # doctest: +SKIP
+    >>> pipe("a small red circle in the center on a white background", seed=0).size       # doctest: +SKIP
+    (64, 64)
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
+import numpy as np
 import torch
+
+from mmspec.errors import InvalidInputError
+from mmspec.pipelines import MMSpecPipeline
 
 from .vq import VQVAE, to_image, to_tensor
 
@@ -142,12 +153,24 @@ def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scal
     return codes
 
 
-class ImageARPipeline:
+class ImageARPipeline(MMSpecPipeline):
     """``pipe(prompt, seed=0, cfg_scale=None, temperature=1.0, top_k=None) -> PIL.Image`` for both backends
-    (see the module docstring); :meth:`from_pretrained` picks the backend from ``config.json``."""
+    (see the module docstring); :meth:`from_pretrained` picks the backend from ``config.json``.
+
+    ``MMSpecPipeline.from_pretrained(folder)`` returns one for a folder whose config says ``"mmspec_task":
+    "images"`` (what :meth:`save_pretrained` writes).
+
+    Example:
+        >>> pipe = ImageARPipeline.from_pretrained("image_ar/assets/image-gen")                # doctest: +SKIP
+        >>> pipe(["a red circle in the center on a white background"] * 2, seed=None)          # doctest: +SKIP
+    """
+
+    task = "images"
+    model_types = ()  # a llama code generator is recognised by its config's mmspec_task, not its model type
 
     def __init__(self, model, tokenizer, vq: VQVAE | None = None, grid: int | None = None,
                  cfg_scale: float | None = None):
+        super().__init__(model, tokenizer, drafter=None)
         self.model, self.tokenizer, self.vq = model, tokenizer, vq
         self.backend = "janus" if model.config.model_type == "janus" else "llama"
         self.grid = grid
@@ -159,7 +182,13 @@ class ImageARPipeline:
         self.last_timings_ms: dict = {}
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype="auto") -> "ImageARPipeline":
+    def _from_config(cls, target, config, drafter=None, dtype=None, device_map=None, trust_remote_code=False,
+                     **kw):
+        return cls.from_pretrained(target, dtype="auto" if dtype is None else dtype, drafter=drafter,
+                                   device_map=device_map, **kw)
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype="auto", drafter=None, device_map=None, **kw) -> "ImageARPipeline":
         """Load a generator saved by :meth:`save_pretrained`; ``dtype="auto"`` runs it in the dtype its weights
         are stored in (bf16 for the bundled one; the VQ decoder stays float32), or a dtype name.
 
@@ -167,11 +196,39 @@ class ImageARPipeline:
             >>> ImageARPipeline.from_pretrained(GENERATOR_DIR).model.dtype          # doctest: +SKIP
             torch.bfloat16
         """
+        from mmspec.checkpoints import resolve_dtype
+        from mmspec.checks import check_device_map, check_local_folder
+
+        path = check_local_folder(path, "image generator folder")  # said at once, not tried as a hub id
+        if drafter is not None:
+            raise InvalidInputError("the image pipeline has no speculative drafter yet (spatial drafting comes with "
+                                    "the image issues); load it without drafter=")
+        kw.pop("trust_remote_code", None)  # both backends are transformers' own classes
+        if kw:
+            raise InvalidInputError(f"the image pipeline takes no further loading arguments (got {sorted(kw)})")
+        check_device_map(device_map)
+        if device_map is not None and (not isinstance(device_map, (str, torch.device)) or str(device_map) == "auto"):
+            raise InvalidInputError(f"the image generator runs on one device: pass device_map='cpu', 'cuda'... "
+                                    f"(got {device_map!r})")
+        model_type = None
+        if os.path.isfile(os.path.join(path, "config.json")):
+            with open(os.path.join(path, "config.json")) as f:
+                model_type = json.load(f).get("model_type")
+        if model_type != "janus" and not os.path.isfile(os.path.join(path, GEN_CONFIG)):
+            raise InvalidInputError(f"{path} is not an image generator folder (neither a Janus model nor a llama "
+                                    f"code generator with {GEN_CONFIG} and its vq/)")
+        dtype = resolve_dtype(dtype, path)
+        pipe = cls._load(path, dtype)
+        if device_map is not None:
+            pipe.model.to(torch.device(device_map))
+            if pipe.vq is not None:
+                pipe.vq.to(torch.device(device_map))
+        return pipe
+
+    @classmethod
+    def _load(cls, path: str, dtype) -> "ImageARPipeline":
         from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration, LlamaForCausalLM
 
-        from mmspec.checkpoints import resolve_dtype
-
-        dtype = resolve_dtype(dtype, path)
         config = AutoConfig.from_pretrained(path)
         tok = AutoTokenizer.from_pretrained(path)
         if config.model_type == "janus":
@@ -192,7 +249,12 @@ class ImageARPipeline:
         compactly (loading upcasts to float32)."""
         from mmspec.checkpoints import save_hf_compact
 
+        from mmspec.pipelines import TASK_KEY
+
         os.makedirs(path, exist_ok=True)
+        # The folder says what it is, so MMSpecPipeline.from_pretrained returns an ImageARPipeline for it (the
+        # generator alone is a plain llama, which would load as a text model).
+        setattr(self.model.config, TASK_KEY, "images")
         if self.backend == "janus":  # its scale travels in its generation config
             self.model.generation_config.guidance_scale = self.cfg_scale
         if dtype is None:
@@ -210,9 +272,32 @@ class ImageARPipeline:
     def __call__(self, prompt, seed: int = 0, cfg_scale: float | None = None, temperature: float = 1.0,
                  top_k: int | None = None):
         """One image per prompt (a list gives a list, generated as one batch); ``cfg_scale=None`` uses the
-        model's own :attr:`cfg_scale`."""
+        model's own :attr:`cfg_scale`; ``seed=None`` draws a fresh random seed (a different picture each call).
+
+        Raises:
+            InvalidInputError: an empty or non-string prompt, an empty list, a seed that is not an integer,
+                ``temperature`` not finite and > 0, ``top_k`` negative or not an integer, ``cfg_scale`` not
+                finite and >= 1 (1: no guidance; below 1 would silently mean 1).
+
+        Example:
+            >>> pipe("a small red circle in the center on a white background", seed=0)   # doctest: +SKIP
+        """
+        prompts = _check_prompts(prompt)
         cfg_scale = self.cfg_scale if cfg_scale is None else cfg_scale
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if isinstance(cfg_scale, bool) or not isinstance(cfg_scale, (int, float)) or not math.isfinite(cfg_scale) \
+                or cfg_scale < 1.0:
+            raise InvalidInputError(f"cfg_scale must be a finite number >= 1 (1: no guidance; got {cfg_scale!r})")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not math.isfinite(temperature) or temperature <= 0:
+            raise InvalidInputError(f"temperature must be a finite number > 0 (got {temperature!r})")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0):
+            raise InvalidInputError(f"top_k must be None, 0 (no top-k filtering) or a positive integer (got {top_k!r})")
+        top_k = (int(top_k) or None) if top_k is not None else None
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1  # fresh, and independent of the global RNG
+        elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise InvalidInputError(f"seed must be an integer, or None for a fresh random one (got {seed!r})")
+        seed = int(seed)
         gen = torch.Generator(device=self.model.device).manual_seed(seed)
         ids, mask = _request_ids(self.tokenizer, prompts)
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
@@ -220,8 +305,6 @@ class ImageARPipeline:
         if self.backend == "janus":
             torch.manual_seed(seed)  # Janus's loop samples with the global generator
             if not cfg_scale > 1.0:
-                from mmspec.errors import InvalidInputError
-
                 # Its image loop always runs the doubled (conditional + unconditional) batch and halves it in
                 # the guidance step, which it adds whatever it is asked.
                 raise InvalidInputError(f"transformers' Janus image mode always guides: cfg_scale must be > 1 "
@@ -239,6 +322,28 @@ class ImageARPipeline:
                                 "tokens": int(codes.shape[1])}
         images = [to_image(p) for p in pixels]
         return images[0] if isinstance(prompt, str) else images
+
+
+def _check_prompts(prompt) -> list[str]:
+    """The prompts of a request as a list; raises :class:`~mmspec.InvalidInputError` on a malformed one."""
+    if prompt is None:
+        raise InvalidInputError("a prompt is required (a string, or a list of strings for a batch)")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, (list, tuple)):
+        prompts = list(prompt)
+        if not prompts:
+            raise InvalidInputError("the prompt list is empty")
+    else:
+        raise InvalidInputError(f"prompt must be a string or a list of strings (got {type(prompt).__name__})")
+    for i, p in enumerate(prompts):
+        which = f"prompt {i}" if not isinstance(prompt, str) else "the prompt"
+        if not isinstance(p, str):
+            raise InvalidInputError(f"{which} must be a string (got {type(p).__name__})")
+        if not p.strip():
+            raise InvalidInputError(f"{which} is empty; describe the picture (e.g. 'a small red circle in the center "
+                                    "on a white background')")
+    return prompts
 
 
 GENERATOR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "image-gen")
