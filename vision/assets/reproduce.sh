@@ -55,3 +55,19 @@ head = EagleDrafter.from_pretrained(sys.argv[1])
 head.stop = ConfidenceStop.parse(0.3)  # the shipped early stop (assets README)
 head.save_pretrained(sys.argv[2], dtype=torch.bfloat16)
 PY
+# ---------------------------------------------------------------------------------------------------------------
+# The faithful target of issue 14, IN TRAINING (not bundled yet; README.md, "Faithful target, in training").
+# Warm start from the shipped target; pages, blocks and lines (50 / 35 / 15% of docs items) with charts a quarter
+# of the items; half of the mispredicted answer input tokens fed back (--self-feed 0.5); one thread, resumable:
+# run the same command again after a stop (state.pt holds the optimizer and step). On 2026-12-01 it ran as
+# /work/ckpt/faithful/run_stage1.sh with --out /work/ckpt/faithful/stage1.
+python -m mmspec.vision.testbed train --out "$W/faithful-stage1" --init "$HERE/testbed-vlm" --size small \
+    --steps 6000 --warmup 100 --batch-size 4 --lr 3e-4 --aux-weight 0.25 --read-weight 0.5 --read-layers 2,3 \
+    --locate-weight 0.1 --track-weight 0.5 --self-feed 0.5 --docs-fraction 0.75 --save-every 100 --threads 1 \
+    --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.15, "block_fraction": 0.35}, "charts": {}}'
+# Its checkpoints' figures (README table; n 16 while training, 128 new tokens, bf16, one thread) and the shipped
+# target's reference_tau (n 8, 64 new tokens):
+python -m mmspec.vision.testbed eval --model "$W/faithful-stage1" --n 16 --max-new-tokens 128 \
+    --workload docs,charts --reference-tau --dtype bfloat16 --threads 1
+python -m mmspec.vision.testbed eval --model "$HERE/testbed-vlm" --n 8 --max-new-tokens 64 --workload docs,charts \
+    --reference-tau --dtype bfloat16 --threads 1
