@@ -57,15 +57,19 @@ from .registry import UNION_SEP
 from .stats import SpecStats
 
 __all__ = ["BenchConfig", "BenchReport", "System", "run_bench", "default_model_path", "parse_csv", "plain_record",
-           "model_for",
+           "model_for", "model_pairs",
            "check_outputs", "count_forwards", "BUILTIN_SYSTEMS", "DEFAULT_WORKLOADS", "HF_BATCH1_ONLY"]
 
-BUILTIN_SYSTEMS = ("ar", "hf-prompt-lookup", "hf-assistant")
+BUILTIN_SYSTEMS = ("ar", "hf-prompt-lookup", "hf-assistant", "ceiling")
 LOOKUP_WITH_HISTORY = "lookup;history_tokens=20000"
 """Default bench system: prompt lookup that also searches the outputs of the requests benched before (a batch
 job's memory; forgotten after the warm-up, so a request never meets its own output)."""
 BUDGET_SUFFIX = "+budget"  # "lookup+budget": the same drafter with a DepthBudget learned over the run
-"""Systems that are not mmspec drafters; every other system name is a drafter spec for the registry."""
+"""Systems that are not mmspec drafters; every other system name is a drafter spec for the registry.
+``ceiling`` (``ceiling;depth=N``, default 8) is mmspec's decode loop with a perfect drafter: the target's own
+greedy output for the batch (computed untimed), proposed ``depth`` deep, so it measures what prefill and
+verify costs leave reachable."""
+CEILING_DEPTH = 8
 
 DEFAULT_WORKLOADS = ("docs", "charts")
 """Workloads benchmarked when none are named (those of them that are registered)."""
@@ -124,8 +128,8 @@ class BenchConfig:
         model: target folder (default :func:`default_model_path`).
         workloads: workload names (default: those of ``docs``, ``charts`` that are registered).
         systems: system names: ``ar``, ``hf-prompt-lookup``, ``hf-assistant``, or an mmspec drafter spec
-            (``lookup``, ``draft-model``, ``kind:PATH``, ``kind:PATH;key=value``). Default: AR, HF prompt
-            lookup and mmspec lookup, the drafters bundled for the default target (``eagle``) when no model
+            (``lookup``, ``draft-model``, ``kind:PATH``, ``kind:PATH;key=value``), or ``ceiling`` (a perfect
+            drafter, ``ceiling;depth=N``). Default: AR, the ceiling, HF prompt lookup and mmspec lookup, the drafters bundled for the default target (``eagle``) when no model
             is named, plus ``hf-assistant`` and ``draft-model`` when ``draft_model`` is given. AR always runs: it is
             the reference every ratio is taken against.
         draft_model: folder of a small model with the target's tokenizer (mmspec ``draft-model`` and the
@@ -219,7 +223,7 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
     from .train import trainer_kinds
 
     if not names:
-        names = (["ar", "hf-prompt-lookup", "lookup", LOOKUP_WITH_HISTORY] + list(bundled)
+        names = (["ar", "ceiling", "hf-prompt-lookup", "lookup", LOOKUP_WITH_HISTORY] + list(bundled)
                  + [f"{b}{UNION_SEP}{LOOKUP_WITH_HISTORY}" for b in bundled]
                  + (["hf-assistant", "draft-model"] if draft_model else []))
     kinds = drafter_kinds()
@@ -240,6 +244,10 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
                 parts[i] = shipped[head] + part[len(head):]
         name = UNION_SEP.join(parts) + suffix
         if name in out:
+            continue
+        if name.split(";")[0] == "ceiling":
+            CeilingSystem.parse_depth(name)  # raises on bad options
+            out.append(name)
             continue
         base = name.removesuffix(BUDGET_SUFFIX)
         if base != name and base in BUILTIN_SYSTEMS:
@@ -328,6 +336,9 @@ class System:
     def forget(self) -> None:
         """Drop what the system remembered across requests (called after the warm-up)."""
 
+    def prepare(self, inputs) -> None:
+        """Untimed work before a timed run on ``inputs`` (the ceiling computes its reference here)."""
+
     def run(self, inputs) -> tuple:
         """Generate for ``inputs``; returns ``(sequences, SpecStats or None, target forward calls)``."""
         with count_forwards(self.model) as n:
@@ -394,8 +405,47 @@ class MMSpecSystem(System):
         from .decode import generate
 
         out = generate(self.model, inputs, drafter=self.drafter, do_sample=False, max_new_tokens=self.max_new_tokens,
-                       budget=self.budget)
+                       budget=self.budget, record_entropy=True)
         return out.sequences, out.stats
+
+
+class CeilingSystem(MMSpecSystem):
+    """mmspec's loop with a perfect drafter: the target's own greedy continuation of each row (computed by
+    :meth:`prepare`, outside the clock), proposed ``depth`` tokens deep as a chain (a noise-free
+    :class:`~mmspec.drafters.oracle.NoisyOracleDrafter`). Its speedup is the most any drafter of that depth
+    can reach with this target on this machine; other records give their speedup as a fraction of it.
+
+    Example:
+        >>> CeilingSystem.parse_depth("ceiling;depth=16"), CeilingSystem.parse_depth("ceiling")
+        (16, 8)
+    """
+
+    def __init__(self, name, model, max_new_tokens):
+        super().__init__(name, model, max_new_tokens, drafter=None)
+        self.depth = self.parse_depth(name)
+        self.note = f"perfect drafter (the target's greedy output), chain of {self.depth}"
+
+    @staticmethod
+    def parse_depth(name: str) -> int:
+        opts = dict(o.split("=", 1) for o in name.split(";")[1:] if "=" in o)
+        bad = [o for o in name.split(";")[1:] if not o.startswith("depth=")]
+        try:
+            depth = int(opts.get("depth", CEILING_DEPTH))
+        except ValueError:
+            depth = 0
+        if bad or depth < 1:
+            raise InvalidInputError(f"system {name!r}: the ceiling takes one option, depth=N (N >= 1)")
+        return depth
+
+    def forget(self):
+        pass
+
+    def prepare(self, inputs):
+        from .drafters.oracle import NoisyOracleDrafter
+
+        ref = self.model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens)
+        self.drafter = NoisyOracleDrafter(ref[:, inputs["input_ids"].shape[1]:].cpu(), depth=self.depth,
+                                          corrupt_p=0.0)
 
 
 def placeholder_token_ids(model) -> list[int]:
@@ -451,6 +501,8 @@ def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int
     for name in names:
         if name == "ar":
             systems.append(ARSystem(name, model, max_new_tokens))
+        elif name.split(";")[0] == "ceiling":
+            systems.append(CeilingSystem(name, model, max_new_tokens))
         elif name == "hf-prompt-lookup":
             systems.append(HFAssistedSystem(name, model, max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name == "hf-assistant":
@@ -584,6 +636,8 @@ def _error_status(exc: Exception, where: str) -> str:
 def _attempt(tally: _Tally, inputs, where: str, device):
     """One timed run of ``tally``'s system, or ``None`` after marking it ``error`` (AR errors propagate)."""
     try:
+        with torch.no_grad():
+            tally.system.prepare(inputs)  # untimed
         return _timed(tally.system, inputs, device)
     except Exception as e:  # noqa: BLE001 - a failing competitor is a result, not a crash
         if tally.system.kind == "ar":
@@ -656,7 +710,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     if not ok:
         measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
                     "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar",
-                    "identical_rate", "divergences", "new_tokens", "lossless", "quality")
+                    "identical_rate", "divergences", "new_tokens", "lossless", "quality", "draftability")
         return {**rec, **dict.fromkeys(measured)}
     if kind == "mmspec":
         fpt, tau, lossless = s.forwards_per_token, s.tau, s.lossless
@@ -669,6 +723,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
         accept_rate=s.accept_rate if s else None,
         accepted_hist=list(s.accepted_hist) if s else None,
         ceiling_rounds=s.ceiling_rounds if s else None,
+        draftability=s.draftability() if s else None,
         speedup_vs_ar=ar.time / tally.time if tally.time else None,
         speedup_median=statistics.median(a / b for a, b in zip(ar.batch_times, tally.batch_times)),
         forwards_per_token=fpt,
@@ -698,6 +753,20 @@ def dtype_name(dtype) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
+def _of_ceiling(records: list) -> list:
+    """Give every record of one (workload, batch size) its speedup as a fraction of the ceiling's in the same
+    run (``of_ceiling``; ``None`` without a ceiling record). Returns ``records``.
+
+    Example:
+        >>> _of_ceiling([{"system": "ceiling", "speedup_vs_ar": 2.0}, {"system": "eagle", "speedup_vs_ar": 1.5}])[1]
+        {'system': 'eagle', 'speedup_vs_ar': 1.5, 'of_ceiling': 0.75}
+    """
+    top = next((r.get("speedup_vs_ar") for r in records if r["system"].split(";")[0] == "ceiling"), None)
+    for r in records:
+        r["of_ceiling"] = r["speedup_vs_ar"] / top if top and r.get("speedup_vs_ar") is not None else None
+    return records
+
+
 def plain_record(workload: str, batch_size: int, n_examples: int, batch_times: list, new_tokens: int,
                  latency_ms: dict, quality: dict, note: str = "", dtype=None) -> dict:
     """The ``ar`` record of a workload served by its own plain pipeline (a driving VLA, an image generator):
@@ -721,6 +790,7 @@ def plain_record(workload: str, batch_size: int, n_examples: int, batch_times: l
             "forwards_per_token": 1.0, "target_forwards": None, "tokens_per_s": new_tokens / total if total else None,
             "time_s": total, "identical_to_ar": True, "identical_rate": 1.0, "divergences": [],
             "new_tokens": new_tokens, "lossless": True, "latency_ms": lat, "quality": quality,
+            "draftability": None, "of_ceiling": None,
             "dtype": dtype_name(dtype)}
 
 
@@ -734,20 +804,76 @@ def model_for(workload: str, model: str | None) -> str | None:
         >>> model_for("docs", "/m/vlm")
         '/m/vlm'
     """
+    pairs = model_pairs(model)
+    return model if pairs is None else pairs.get(workload)
+
+
+def model_pairs(model: str | None) -> dict | None:
+    """``--model``'s ``NAME=PATH`` pairs as a dict, or ``None`` when it is one path (or absent).
+
+    Example:
+        >>> model_pairs("driving=/m/vla,images=/m/gen"), model_pairs("/runs/lr=1e-3/vla")
+        ({'driving': '/m/vla', 'images': '/m/gen'}, None)
+    """
     if not model or "=" not in model:
-        return model
+        return None
     parts = [p for p in model.split(",") if p]
     if not all("=" in p and "/" not in p.split("=", 1)[0] for p in parts):
         if len(parts) > 1:
             raise InvalidInputError(f"--model {model!r}: give one path, or NAME=PATH pairs separated by commas")
-        return model  # a path that happens to contain "="
+        return None  # a path that happens to contain "="
     from .workloads import workload_names
 
     pairs = dict(p.split("=", 1) for p in parts)
     unknown = sorted(set(pairs) - set(workload_names()))
     if unknown:
         raise InvalidInputError(f"--model names unknown workloads {unknown}; known: {', '.join(workload_names())}")
-    return pairs.get(workload)
+    return pairs
+
+
+def _check_models(model: str | None, workloads: list) -> None:
+    """Every model ``--model`` names, checked before anything loads: a pair for a workload the run does not
+    measure is an error (it was once ignored silently), and each path must be a folder of its workload's kind
+    (:meth:`~mmspec.workloads.Workload.check_model`)."""
+    names = [w.name for w in workloads]
+    extra = sorted(set(model_pairs(model) or {}) - set(names))
+    if extra:
+        raise InvalidInputError(f"--model names {', '.join(extra)}, which this run does not measure (workloads: "
+                                f"{', '.join(names)}); drop it or add it to --workload")
+    for w in workloads:
+        path = model_for(w.name, model)
+        if path:
+            w.check_model(path)
+
+
+def _same_folder(a, b) -> bool:
+    return bool(a and b) and os.path.isdir(a) and os.path.isdir(b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _plain_lines(results: list) -> list[str]:
+    """The latency and quality of plain-pipeline records (driving, images), one line each, for the table: their
+    speed columns would only show ``ar`` against itself."""
+    lines = []
+    for r in results:
+        lat, q = r.get("latency_ms"), r.get("quality")
+        if not lat and not q:
+            continue
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in lat.items() if k not in ("total", "p50", "p90"))
+        text = f"{r['workload']}  {r['system']}  bs {r['batch_size']}:"
+        if "total" in lat:
+            text += f" total {lat['total']:.1f} ms (p50 {lat.get('p50', lat['total']):.1f}, p90 " \
+                    f"{lat.get('p90', lat['total']):.1f})"
+        text += f"; {stages}" if stages else ""
+        quality = []
+        for k, v in (q or {}).items():
+            if k in ("fid_n", "note") or v is None:
+                continue
+            if isinstance(v, dict):
+                quality += [f"{kk} {vv:.3g}" for kk, vv in v.items() if isinstance(vv, (int, float))]
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                quality.append(f"{k} {v:.3g}" + (f" (n {q['fid_n']})" if k == "fid" and "fid_n" in q else ""))
+        lines.append(text + (f" | quality: {', '.join(quality)}" if quality else ""))
+    return ["", "latency (ms per call) and quality of the plain pipelines:"] + lines if lines else []
 
 
 # ---------------------------------------------------------------------------- report
@@ -776,7 +902,7 @@ class BenchReport:
         cols = [("workload", "workload", "{}"), ("system", "system", "{}"), ("bs", "batch_size", "{}"),
                 ("tau", "tau", "{:.2f}"), ("fwd/tok", "forwards_per_token", "{:.3f}"),
                 ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup_vs_ar", "{:.2f}x"),
-                ("median", "speedup_median", "{:.2f}x"),
+                ("median", "speedup_median", "{:.2f}x"), ("of ceil", "of_ceiling", "{:.0%}"),
                 ("same", "identical_rate", "{:.0%}"), ("status", "status", "{}")]
         rows = [[_fmt(r[key], fmt) if key != "status" else r[key].split(":")[0] for _, key, fmt in cols]
                 for r in self.results]
@@ -791,8 +917,10 @@ class BenchReport:
                  for r in self.results if r["status"] != "ok"]
         if notes:
             out += ["", "not run:"] + notes
+        out += _plain_lines(self.results)
         out += ["", "speedup: sum of AR times / sum of the system's times, interleaved on the same inputs after a "
-                    "warm-up; median: median of the per-batch ratios; same: share of rows identical to AR token for "
+                    "warm-up; median: median of the per-batch ratios; of ceil: speedup as a share of the ceiling's (a "
+                    "perfect drafter, same run); same: share of rows identical to AR token for "
                     f"token (dtype {self.meta.get('dtype')})"]
         return "\n".join(out)
 
@@ -950,12 +1078,15 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     if plain and not workloads and any(s != "ar" for s in cfg.systems or []):
         raise InvalidInputError(f"workloads {', '.join(w.name for w in plain)} have no speculative systems yet; "
                                 "their plain pipeline is measured as 'ar'")
+    _check_models(cfg.model, every)
     vlm_models = {model_for(w.name, cfg.model) for w in workloads} if cfg.model else {None}
     if len(vlm_models) > 1:
         raise InvalidInputError(f"one run measures one target: --model names {sorted(map(str, vlm_models))} for "
                                 f"{', '.join(w.name for w in workloads)}; run them separately")
     vlm_model = next(iter(vlm_models)) if workloads else None
-    bundled = [] if vlm_model else next((w.bundled_drafters() for w in workloads if w.bundled_model()), [])
+    # The shipped drafters, when the target is the bundled one (named or by default): "eagle" means its head.
+    bundled = next((w.bundled_drafters() for w in workloads
+                    if w.bundled_model() and (not vlm_model or _same_folder(vlm_model, w.bundled_model()))), [])
     names = _resolve_systems(cfg.systems, cfg.draft_model, bundled) if workloads else []
     torch.manual_seed(cfg.seed)
     if cfg.threads:
@@ -990,7 +1121,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
                     ar = tallies[0]
                     refs = [e.target if e.target or e.meta.get("has_reference") else None
                             for c in chunks for e in c]
-                    results += [_record(wl.name, bs, n, t, ar, refs) for t in tallies]
+                    results += _of_ceiling([_record(wl.name, bs, n, t, ar, refs) for t in tallies])
     meta = _meta(cfg, model_path, pipe.model, n, max_new)
     meta["dtype_note"] = dtype_note(cfg.dtype, model_path, device)
     if plain_models:

@@ -206,6 +206,7 @@ def generate(
     tokenizer=None,
     stop_strings=None,
     budget: DepthBudget | None = None,
+    record_entropy: bool = False,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative decoding with ``drafter`` on ``model``; same output as ``model.generate``.
@@ -231,6 +232,8 @@ def generate(
             the generation config), as ``generate`` does.
         budget: a :class:`~mmspec.budget.DepthBudget` that cuts each tree to the depth with the best
             expected tokens per unit of measured verify time (reuse one instance across calls).
+        record_entropy: keep, per row-round, the target's next-token entropy at the root beside the tokens
+            committed (``stats.entropy_trace``, fitted by :meth:`SpecStats.draftability`); off by default.
 
     Returns:
         :class:`GenerateOutput` with ``sequences`` (prompt + generated, rows padded with the pad token after
@@ -365,11 +368,17 @@ def generate(
             budget.observe_pass(out.logits.shape[1], t2 - t1)
         row_scores = tree_processor(active, generated, trees, out.logits)
         results = acceptance.accept_batch(trees, row_scores, generator)
+        if record_entropy:  # the target's uncertainty at each row's root, beside what the round commits below
+            root = torch.stack([s[0] for s in row_scores]).float()
+            logp = torch.log_softmax(root, dim=-1)
+            round_entropy = (-(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)).tolist()
         out_of_time = max_time is not None and time.perf_counter() - t_start > max_time
         paths, nexts, finished, committed = [], [], [], []
         for r, tree, res, cut in zip(active, trees, results, pruned):
             kept, done = push(r, [int(tree.tokens[j]) for j in res.path] + [res.next_token])
             _record(stats, tree, res.path, kept, cut)
+            if record_entropy:
+                stats.entropy_trace.append([round_entropy[len(committed)], len(kept)])
             if budget is not None:
                 budget.observe_row(tree, len(res.path))
             emit(r, kept)

@@ -57,6 +57,10 @@ class SpecStats:
     accept_time: float = 0.0
     commit_time: float = 0.0
     total_time: float = 0.0
+    entropy_trace: list = field(default_factory=list)
+    """``[entropy, committed]`` per row-round when ``generate(..., record_entropy=True)``: the target's
+    next-token entropy (nats) at the round's root and the tokens that row-round committed (see
+    :meth:`draftability`)."""
 
     # ------------------------------------------------------------------ recording
     def record_row(self, accepted: int, depth: int, nodes: int | None = None, committed: int | None = None,
@@ -97,6 +101,32 @@ class SpecStats:
         """Per-row target passes per generated token (1.0 for plain autoregressive decoding)."""
         return (self.row_rounds + self.prefill_rows) / self.generated if self.generated else 0.0
 
+    def draftability(self) -> dict | None:
+        """Least-squares fit of tokens committed per row-round against the target's next-token entropy at the
+        round's root (from :attr:`entropy_trace`): ``{"n", "mean_entropy", "slope", "intercept", "r2"}``, or
+        ``None`` with fewer than 3 rounds or no spread in entropy. A steep negative slope says acceptance is
+        limited by how uncertain the target is, not by the drafter (the draftability law).
+
+        Example:
+            >>> s = SpecStats(entropy_trace=[[0.0, 5], [1.0, 3], [2.0, 1]])
+            >>> {k: round(v, 3) for k, v in s.draftability().items()}
+            {'n': 3, 'mean_entropy': 1.0, 'slope': -2.0, 'intercept': 5.0, 'r2': 1.0}
+        """
+        pts = self.entropy_trace
+        n = len(pts)
+        if n < 3:
+            return None
+        mx = sum(p[0] for p in pts) / n
+        my = sum(p[1] for p in pts) / n
+        sxx = sum((p[0] - mx) ** 2 for p in pts)
+        if sxx <= 0:
+            return None
+        sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+        syy = sum((p[1] - my) ** 2 for p in pts)
+        slope = sxy / sxx
+        return {"n": n, "mean_entropy": mx, "slope": slope, "intercept": my - slope * mx,
+                "r2": (sxy * sxy / (sxx * syy)) if syy > 0 else 0.0}
+
     def merge(self, other: "SpecStats") -> "SpecStats":
         """Add another run's counters into this one (for pooling over a workload); returns self."""
         for name in ("rounds", "row_rounds", "committed", "drafted", "target_forwards", "prefill_rows", "generated",
@@ -108,6 +138,7 @@ class SpecStats:
             mine, theirs = getattr(self, name), getattr(other, name)
             for i, v in enumerate(theirs):
                 _bump(mine, i, v)
+        self.entropy_trace = self.entropy_trace + list(other.entropy_trace)
         self.lossless = self.lossless and other.lossless
         for name in ("rule", "drafter"):  # a fresh SpecStats takes the labels of what is merged into it
             mine, theirs = getattr(self, name), getattr(other, name)

@@ -207,7 +207,7 @@ def test_system_specs_with_options_and_bundled_defaults(tiny_vlm):
     from mmspec.registry import make_drafter
 
     assert _resolve_systems(["lookup;num_draft_tokens=3"], None) == ["ar", "lookup;num_draft_tokens=3"]
-    assert _resolve_systems(None, None, ["eagle:/x"]) == ["ar", "hf-prompt-lookup", "lookup",
+    assert _resolve_systems(None, None, ["eagle:/x"]) == ["ar", "ceiling", "hf-prompt-lookup", "lookup",
                                                           "lookup;history_tokens=20000", "eagle:/x",
                                                           "eagle:/x & lookup;history_tokens=20000"]
     assert System("eagle:/a/b;topk=4", None, 1).label == "eagle;topk=4"
@@ -341,3 +341,41 @@ def test_identity_rate_and_first_divergence_with_its_logit_margin(tiny_vlm):
         logits = pipe.model(**fwd).logits
     want = float(logits[1, -1, a[1][3]] - logits[1, -1, b[1][3]])
     assert abs(d["margin"] - want) < 1e-3
+
+
+def test_ceiling_row_entropy_fit_and_share_of_ceiling(tiny_vlm):
+    """The ceiling (the target's own greedy output as the draft) accepts every draft and stays identical to AR;
+    every mmspec record fits accepted length against the target's entropy and gives its share of the ceiling."""
+    cfg = BenchConfig(model=tiny_vlm, workloads=[BenchShapes.name], systems=["ceiling;depth=4", "lookup"], n=3,
+                      max_new_tokens=10, batch_sizes=[1])
+    recs = {r["system"]: r for r in run_bench(cfg, progress=False).results}
+    ceil, lookup = recs["ceiling;depth=4"], recs["lookup"]
+    assert ceil["status"] == "ok" and ceil["identical_rate"] == 1.0 and ceil["of_ceiling"] == 1.0
+    assert ceil["accept_rate"] and all(a == 1.0 for a in ceil["accept_rate"]), ceil["accept_rate"]
+    assert ceil["tau"] > lookup["tau"] and ceil["forwards_per_token"] < 0.5
+    assert lookup["of_ceiling"] == pytest.approx(lookup["speedup_vs_ar"] / ceil["speedup_vs_ar"])
+    fit = lookup["draftability"]
+    assert fit is not None and fit["n"] >= 3 and fit["mean_entropy"] > 0 and 0 <= fit["r2"] <= 1
+    with pytest.raises(mmspec.InvalidInputError, match="depth=N"):
+        run_bench(BenchConfig(model=tiny_vlm, workloads=[BenchShapes.name], systems=["ceiling;deep=3"]))
+
+
+def test_entropy_trace_is_the_targets_root_entropy(tiny_vlm):
+    """``record_entropy``: one [entropy, committed] pair per row-round; with no drafter the root entropy is that
+    of the distribution each step's token is the argmax of."""
+    import torch
+
+    from mmspec.decode import generate
+
+    pipe = mmspec.MMSpecPipeline.from_pretrained(tiny_vlm)
+    inputs = pipe.prepare(images=[draw_test_image()], prompt=PROMPTS[0])
+    out = generate(pipe.model, inputs, drafter=None, max_new_tokens=5, record_entropy=True)
+    trace = out.stats.entropy_trace
+    assert len(trace) == out.stats.row_rounds == 4 and all(c == 1 for _, c in trace)  # first token is prefill's
+    with torch.no_grad():
+        ref = pipe.model.generate(**inputs, max_new_tokens=5, do_sample=False, output_scores=True,
+                                  return_dict_in_generate=True)
+    for (h, _), scores in zip(trace, ref.scores[1:]):
+        p = torch.softmax(scores[0].float(), -1)
+        assert h == pytest.approx(float(-(p * p.clamp_min(1e-30).log()).sum()), rel=1e-3, abs=1e-4)
+    assert generate(pipe.model, inputs, drafter=None, max_new_tokens=5).stats.entropy_trace == []
