@@ -236,3 +236,27 @@ def test_reference_tau_counts_rounds_by_kind(tiny):
     rounds = sum(k["rounds"] for k in res["by_kind"].values())
     assert 4 <= rounds <= 4 * 5  # every row ran at least one round, at most one per token after the first
     assert 1.0 <= res["reference_tau"] <= 4.0 and len(res["accept_rate"]) <= 3 and res["dtype"] == "float32"
+
+
+def test_probe_warmup_detaches_the_fresh_probes_features(tmp_path, monkeypatch):
+    """During the probe warm-up the patch reader and the locator see detached features (no gradient from a
+    probe that knows nothing reaches the tower or the first layer); afterwards they train them again."""
+    from mmspec.vision import testbed
+
+    seen = {"reader": [], "locator": []}
+    reader_forward, locator_loss = testbed.PatchReader.forward, testbed._Locator.loss
+
+    def forward(self, h):
+        seen["reader"].append(h.requires_grad)
+        return reader_forward(self, h)
+
+    def loss(self, h, batch, image_id):
+        seen["locator"].append(h.requires_grad)
+        return locator_loss(self, h, batch, image_id)
+
+    monkeypatch.setattr(testbed.PatchReader, "forward", forward)
+    monkeypatch.setattr(testbed._Locator, "loss", loss)
+    cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=3, batch_size=2, save_every=3, tokenizer_texts=100,
+                            vocab_size=400, warmup=1, probe_warmup=2)
+    train_target(cfg, progress=False)
+    assert seen == {"reader": [False, False, True], "locator": [False, False, True]}

@@ -234,7 +234,9 @@ class TargetTrainConfig:
     first text layer must know each image token's row and column. ``init``: start from another
     checkpoint's weights and patch reader (the reader when trained with the same ``aux_loss``; fresh optimizer
     and schedule); ``stop_after``: end this run at that step while the learning-rate schedule still spans
-    ``steps`` (resume later to continue it). ``self_feed``: the share of answer input tokens replaced by the model's own
+    ``steps`` (resume later to continue it). ``probe_warmup``: for that many first steps the patch reader and
+    the locator learn on detached features (for a warm start whose probes start fresh: ``init`` without a
+    ``state.pt``). ``self_feed``: the share of answer input tokens replaced by the model's own
     teacher-forced prediction (from a first, gradient-free pass; see :func:`self_feed_inputs`), so it learns to
     keep reading after its own mistakes instead of drifting into text that is not on the page.
     """
@@ -253,6 +255,7 @@ class TargetTrainConfig:
     locate_weight: float = 0.5
     init: str = ""
     stop_after: int = 0
+    probe_warmup: int = 0
     self_feed: float = 0.0
     docs_fraction: float = 0.5
     save_every: int = 250
@@ -465,7 +468,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             out = model(**batch)
             grids = batch["image_grid_thw"][:, 1:].tolist()
             aux_y = torch.cat([aux_targets(ex, tuple(g)) for ex, g in zip(examples, grids)])
-            aux_logits = reader(captured["h"])
+            # While the probes are new, they learn on detached features: a random probe's gradient would
+            # otherwise push a trained tower (and first layer) around before the probe knows anything.
+            warm = step < cfg.probe_warmup
+            aux_logits = reader(captured["h"].detach() if warm else captured["h"])
             aux, aux_acc = patch_reading_loss(aux_logits, aux_y, cfg.aux_loss)
             loss = out.loss + cfg.aux_weight * aux
             read = track = torch.zeros(())
@@ -484,7 +490,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
                     if len(cb):
                         track = -torch.log(captured[("attn", track_layer)][cb, 1, cq, current[cb, cq]] + 1e-6).mean()
                         loss = loss + cfg.track_weight * track
-            locate = locator.loss(captured["layer0"], batch, image_id) if cfg.locate_weight else torch.zeros(())
+            layer0 = captured["layer0"].detach() if warm and cfg.locate_weight else captured.get("layer0")
+            locate = locator.loss(layer0, batch, image_id) if cfg.locate_weight else torch.zeros(())
             loss = loss + cfg.locate_weight * locate
             opt.zero_grad(set_to_none=True)
             loc_opt.zero_grad(set_to_none=True)
