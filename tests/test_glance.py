@@ -355,3 +355,19 @@ def test_mmspec_train_glance_end_to_end(tmp_path):
     inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
     ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert torch.equal(mmspec.generate(pipe.model, inputs, drafter=drafter, max_new_tokens=12).sequences, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch_name", ["qwen2", "llava", "idefics3", "paligemma"])
+def test_greedy_equals_generate_other_archs(arch_name):
+    """The arch matrix's fixtures (left-padded batches, an eos mid-way, images for the VLMs; PaliGemma's
+    1-indexed positions): an untrained tree-drafting head stays exact on each."""
+    from test_equality_archs import CASES, MAX_NEW, PAD, _arch, _case, assert_same_as_generate
+
+    arch = _arch(arch_name)
+    drafter = make_drafter("glance;seed=0;block_size=4;branch_k=2;tree_budget=6", arch.model)
+    for case in CASES:
+        inputs, eos, ref = _case(arch_name, case)
+        out = mmspec.generate(arch.model, inputs, drafter=drafter, max_new_tokens=MAX_NEW, eos_token_id=eos,
+                              pad_token_id=PAD)
+        assert_same_as_generate(out.sequences, ref, inputs["input_ids"].shape[1], eos, f"{arch_name}/{case}")
