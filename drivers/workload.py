@@ -77,6 +77,8 @@ class DrivingWorkload(SeededWorkload):
 
     name = "driving"
     plain_pipeline = True
+    model_task = "driving"
+    model_marker = "action_expert.json"
 
     def bundled_model(self):
         from .train_vla import bundled_vla

@@ -32,6 +32,8 @@ class ImagesWorkload(SeededWorkload):
 
     name = "images"
     plain_pipeline = True
+    model_task = "images"
+    model_marker = "image_generation.json"
 
     def bundled_model(self):
         from .generator import bundled_generator

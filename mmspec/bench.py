@@ -1078,7 +1078,6 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     if plain and not workloads and any(s != "ar" for s in cfg.systems or []):
         raise InvalidInputError(f"workloads {', '.join(w.name for w in plain)} have no speculative systems yet; "
                                 "their plain pipeline is measured as 'ar'")
-    _check_models(cfg.model, every)
     vlm_models = {model_for(w.name, cfg.model) for w in workloads} if cfg.model else {None}
     if len(vlm_models) > 1:
         raise InvalidInputError(f"one run measures one target: --model names {sorted(map(str, vlm_models))} for "
@@ -1088,6 +1087,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     bundled = next((w.bundled_drafters() for w in workloads
                     if w.bundled_model() and (not vlm_model or _same_folder(vlm_model, w.bundled_model()))), [])
     names = _resolve_systems(cfg.systems, cfg.draft_model, bundled) if workloads else []
+    _check_models(cfg.model, every)  # after the checks of the request itself, before anything loads
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

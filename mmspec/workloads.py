@@ -74,6 +74,43 @@ class Workload:
         """Drafter specs trained for :meth:`bundled_model` that ship with it (e.g. ``["eagle:DIR"]``)."""
         return []
 
+    model_task = "vlm"
+    """The pipeline task of the models this workload measures (``"vlm"``; ``"driving"``, ``"images"`` for the
+    plain-pipeline worlds), checked by :meth:`check_model`."""
+
+    model_marker = None
+    """A file only this workload's kind of model folder holds (e.g. ``"action_expert.json"``): accepted as the
+    kind's mark in folders saved before their config named the task."""
+
+    def check_model(self, path) -> None:
+        """Raise :class:`~mmspec.InvalidInputError` if ``path`` cannot be this workload's model: a missing local
+        folder, or a checkpoint of another task (its ``config.json`` names ``mmspec_task``). ``mmspec bench``
+        calls it for every ``--model`` before anything loads. Hub ids pass (nothing is downloaded to check).
+
+        Example:
+            >>> Workload().check_model("/no/such/model")
+            Traceback (most recent call last):
+            ...
+            mmspec.errors.InvalidInputError: model folder for workload 'base' not found: /no/such/model
+        """
+        from .checks import check_local_folder, looks_local
+
+        path = check_local_folder(path, f"model folder for workload {self.name!r}")
+        if not looks_local(path):
+            return
+        task = None
+        if os.path.isfile(os.path.join(path, "config.json")):
+            import json
+
+            with open(os.path.join(path, "config.json")) as f:
+                task = json.load(f).get("mmspec_task")
+        if task is None and self.model_marker and os.path.isfile(os.path.join(path, self.model_marker)):
+            task = self.model_task
+        if task == self.model_task or (task is None and self.model_task == "vlm"):
+            return
+        what = f"a {task} model" if task else f"not a {self.model_task} model (its config names no mmspec_task)"
+        raise InvalidInputError(f"{path} is {what}; workload {self.name!r} measures a {self.model_task} model")
+
     plain_pipeline = False
     """``True`` for workloads served by their own pipeline (a driving VLA's step, an image generator) rather
     than a text-generating target: ``mmspec bench`` then calls :meth:`bench_plain` for them."""

@@ -218,3 +218,60 @@ def test_saved_weights_are_readable_by_others(tmp_path, vlm_pipe):
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o666 & ~umask  # as any file the user writes (safetensors alone leaves 0600)
+
+
+# ---------------------------------------------------------------------------- mmspec bench
+@pytest.mark.parametrize("args, fragments", [
+    (["--workload", "driving", "--model", "driving=/nope/vla"], ["not found", "/nope/vla"]),
+    (["--workload", "driving", "--model", "images=/nope/gen"], ["images", "does not measure"]),
+    (["--workload", "docs", "--model", "docs=/nope/vlm,driving=/nope/vla"], ["driving", "does not measure"]),
+])
+def test_bench_model_paths_checked_before_any_work(capsys, args, fragments):
+    _one_line_error(capsys, main(["bench", "--n", "1", "--no-progress", *args]), *fragments)
+
+
+def test_bench_model_of_the_wrong_kind(tiny_vlm, capsys):
+    from mmspec.drivers.train_vla import bundled_vla
+
+    _one_line_error(capsys, main(["bench", "--workload", "driving", "--model", f"driving={tiny_vlm}", "--n", "1"]),
+                    "not a driving model")
+    if bundled_vla():
+        _one_line_error(capsys, main(["bench", "--workload", "docs", "--model", bundled_vla(), "--n", "1"]),
+                        "a driving model", "docs")
+
+
+def test_bench_bare_eagle_on_the_bundled_target_named_by_path(monkeypatch):
+    """`--systems eagle --model vision/assets/testbed-vlm` is the same run as without --model: the shipped head."""
+    import mmspec.bench as bench
+    from mmspec.vision.testbed import bundled_eagle, bundled_target
+
+    if bundled_target() is None or bundled_eagle() is None:
+        pytest.skip("no bundled testbed target and head in this checkout")
+
+    class Stop(Exception):
+        pass
+
+    def capture(names, *a, **k):
+        raise Stop(names)
+
+    monkeypatch.setattr(bench, "build_systems", capture)
+    with pytest.raises(Stop) as e:
+        bench.run_bench(bench.BenchConfig(model=bundled_target(), workloads=["docs"], systems=["eagle"], n=1),
+                        progress=False)
+    assert e.value.args[0] == ["ar", f"eagle:{bundled_eagle()}"]
+
+
+def test_bench_table_prints_latency_and_quality_of_plain_pipelines():
+    from mmspec.bench import BenchReport, plain_record
+
+    rec = plain_record("driving", 1, 2, [0.5, 0.7], 24, {"encode": [10.0, 12.0], "total": [500.0, 700.0]},
+                       {"reasoning_exact": 0.5, "min_ade_1": 4.25, "note": "x"})
+    img = plain_record("images", 4, 8, [1.0], 1024, {"generate": [900.0], "total": [1000.0]},
+                       {"prompt_accuracy": 0.875, "fid": 24.7, "fid_n": 8, "field_accuracy": {"shape": 1.0}})
+    table = BenchReport([rec, img], {"dtype": "torch.float32"}).table()
+    lines = table.splitlines()
+    driving = next(line for line in lines if line.startswith("driving") and "ms" in line)
+    assert "total 600.0 ms" in driving and "p90 680.0" in driving and "encode 11.0" in driving
+    assert "reasoning_exact 0.5" in driving and "min_ade_1 4.25" in driving
+    images = next(line for line in lines if line.startswith("images") and "ms" in line)
+    assert "prompt_accuracy 0.875" in images and "fid 24.7 (n 8)" in images and "shape 1" in images
