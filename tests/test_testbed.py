@@ -236,6 +236,11 @@ def test_reference_tau_counts_rounds_by_kind(tiny):
     rounds = sum(k["rounds"] for k in res["by_kind"].values())
     assert 4 <= rounds <= 4 * 5  # every row ran at least one round, at most one per token after the first
     assert 1.0 <= res["reference_tau"] <= 4.0 and len(res["accept_rate"]) <= 3 and res["dtype"] == "float32"
+    # Its outputs are plain greedy ones: the same quality figures as evaluate's, kind by kind.
+    plain = evaluate(model, proc, "docs", n=4, max_new_tokens=6, options={"mode": "mix", "block_fraction": 0.5})
+    for kind, figures in res["by_kind"].items():
+        assert figures["char_error_rate"] == pytest.approx(plain["cer_by_kind"][kind])
+        assert figures["exact_match"] == plain["exact_by_kind"][kind]
 
 
 def test_probe_warmup_detaches_the_fresh_probes_features(tmp_path, monkeypatch):

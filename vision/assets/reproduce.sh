@@ -66,8 +66,9 @@ python -m mmspec.vision.testbed train --out "$W/faithful-stage1" --init "$HERE/t
     --locate-weight 0.1 --track-weight 0.5 --probe-warmup 150 --self-feed 0.5 --docs-fraction 0.75 --save-every 100 \
     --threads 1 \
     --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.15, "block_fraction": 0.35}, "charts": {}}'
-# Its checkpoints' figures (README table; n 16 while training, 128 new tokens, bf16, one thread) and the shipped
-# target's reference_tau (n 8, 64 new tokens):
+# Its checkpoints' figures (README table; n 16 while training, 128 new tokens, bf16, one thread; --reference-tau
+# gives tau and exact match / CER from one greedy pass) and the shipped target's reference_tau (n 8, 64 new
+# tokens; that run also printed the plain evaluation, which --reference-tau now replaces):
 python -m mmspec.vision.testbed eval --model "$W/faithful-stage1" --n 16 --max-new-tokens 128 \
     --workload docs,charts --reference-tau --dtype bfloat16 --threads 1
 python -m mmspec.vision.testbed eval --model "$HERE/testbed-vlm" --n 8 --max-new-tokens 64 --workload docs,charts \
