@@ -82,6 +82,17 @@ class DrivingPipeline(MMSpecPipeline):
             raise InvalidInputError(f"max_reasoning_tokens must be a positive integer (got {max_reasoning_tokens!r})")
         self.vla, self.cameras, self.max_reasoning_tokens = vla, cameras, max_reasoning_tokens
 
+    def __call__(self, frames=None, ego_history=None, speed=None, **kwargs) -> dict:
+        """``pipe(frames, ego_history, speed)`` is :meth:`step` (the one call of every pipeline).
+
+        Example:
+            >>> out = pipe(frames, history, speed)                                     # doctest: +SKIP
+        """
+        if "images" in kwargs or "prompt" in kwargs:
+            raise InvalidInputError("the driving pipeline takes frames, an ego history and a speed, not images and a "
+                                    "prompt: pipe(frames, ego_history, speed) or pipe.step(...)")
+        return self.step(frames, ego_history, speed, **kwargs)
+
     @classmethod
     def _from_config(cls, target, config, drafter=None, dtype=None, device_map=None, trust_remote_code=False,
                      **kw):

@@ -172,6 +172,7 @@ def _generate(args) -> int:
         raise InvalidInputError("give --prompt (one request) or --inputs FILE.jsonl with --out (many)")
     elif args.out:
         raise InvalidInputError("--out goes with --inputs; a single --prompt prints its answer")
+    _check_text_task(args.model, args.task)
     drafter = None if args.drafter in (None, "", "none") else args.drafter
     pipe = MMSpecPipeline.from_pretrained(args.model, drafter=drafter, task=args.task, dtype=args.dtype,
                                           device_map=args.device_map, trust_remote_code=args.trust_remote_code)
@@ -203,6 +204,22 @@ def _generate(args) -> int:
         print(out.text)
         print(str(out.stats))
     return 0
+
+
+def _check_text_task(model: str, task) -> None:
+    """``mmspec generate`` writes text: refuse, by name, a folder whose config names another task (a driving VLA,
+    an image generator) before any weights load, instead of failing on the drafter or the request."""
+    from .errors import InvalidInputError
+    from .pipelines import TASK_KEY, load_target_config
+
+    if task is not None:
+        return
+    named = getattr(load_target_config(model), TASK_KEY, None)
+    if named not in (None, "vlm"):
+        cls = {"driving": "DrivingPipeline", "images": "ImageARPipeline"}.get(named, "its pipeline")
+        raise InvalidInputError(f"{model} is a {named} model; `mmspec generate` writes text with a VLM or LM. Use "
+                                f"`mmspec bench --workload {named}` or, in Python, MMSpecPipeline.from_pretrained(...) "
+                                f"(a {cls})")
 
 
 def _demo(args) -> int:

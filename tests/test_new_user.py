@@ -275,3 +275,15 @@ def test_bench_table_prints_latency_and_quality_of_plain_pipelines():
     assert "reasoning_exact 0.5" in driving and "min_ade_1 4.25" in driving
     images = next(line for line in lines if line.startswith("images") and "ms" in line)
     assert "prompt_accuracy 0.875" in images and "fid 24.7 (n 8)" in images and "shape 1" in images
+
+
+def test_generate_on_a_world_folder_says_what_it_is(capsys):
+    from mmspec.drivers.train_vla import bundled_vla
+
+    if not bundled_vla():
+        pytest.skip("no bundled driving VLA in this checkout")
+    _one_line_error(capsys, main(["generate", "--model", bundled_vla(), "--prompt", "hi"]),
+                    "is a driving model", "DrivingPipeline")
+    pipe = MMSpecPipeline.from_pretrained(bundled_vla())
+    with pytest.raises(InvalidInputError, match="frames"):
+        pipe(images=["a.png"], prompt="hi")  # a VLM-style call on the driving pipeline: what it takes instead
