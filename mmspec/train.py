@@ -214,9 +214,9 @@ class TrainConfig:
         resolve_dtype(self.dtype)  # a bad name fails here, before the data stage
         if self.layer_ids is not None:
             self.layer_ids = tuple(int(i) for i in self.layer_ids)
-        if not os.path.isdir(self.target) and (os.path.isabs(self.target) or self.target.startswith(".")
-                                               or self.target.count("/") != 1):
-            raise InvalidInputError(f"target folder not found: {self.target}")
+        from .checks import check_local_folder
+
+        check_local_folder(self.target, "target folder")  # a missing local folder, said before any hub attempt
         trainer.check_config(self)
         return self
 

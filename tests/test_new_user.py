@@ -111,6 +111,7 @@ def _fast(fn):
 def test_missing_local_folder_said_at_once_for_every_entry_point(tmp_path, monkeypatch, tiny_vlm):
     """``models/vlm`` has one slash, like a hub id; its first part is a local folder, so it is a local path."""
     from mmspec.registry import make_drafter
+    from mmspec.train import TrainConfig
 
     monkeypatch.chdir(tmp_path)
     os.makedirs("models")
@@ -119,7 +120,8 @@ def test_missing_local_folder_said_at_once_for_every_entry_point(tmp_path, monke
                lambda: make_drafter("draft-model:models/small", None),
                lambda: make_drafter("eagle:models/head", target),
                lambda: MMSpecPipeline.from_pretrained("/nope/driving-vla", task="driving"),
-               lambda: MMSpecPipeline.from_pretrained("/nope/image-gen", task="images")]:
+               lambda: MMSpecPipeline.from_pretrained("/nope/image-gen", task="images"),
+               lambda: TrainConfig(target="models/vlm", out=str(tmp_path / "o")).validate()]:
         assert "models" in _fast(fn) or "nope" in _fast(fn)
 
 
