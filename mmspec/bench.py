@@ -339,6 +339,10 @@ class System:
     def prepare(self, inputs) -> None:
         """Untimed work before a timed run on ``inputs`` (the ceiling computes its reference here)."""
 
+    def use_references(self, references: list) -> None:
+        """The next batch's reference answers, as token ids per row (empty where an example has none): only a
+        drafter that knows them (the ``reference-lookup`` audit drafter) reads them."""
+
     def run(self, inputs) -> tuple:
         """Generate for ``inputs``; returns ``(sequences, SpecStats or None, target forward calls)``."""
         with count_forwards(self.model) as n:
@@ -400,6 +404,11 @@ class MMSpecSystem(System):
 
     def forget(self):
         self.drafter.forget()
+
+    def use_references(self, references):
+        setter = getattr(self.drafter, "set_references", None)
+        if setter is not None:
+            setter(references)
 
     def _generate(self, inputs):
         from .decode import generate
@@ -647,25 +656,30 @@ def _attempt(tally: _Tally, inputs, where: str, device):
 
 
 def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System], device, eos_ids: set,
-                bar, decode=None) -> list[_Tally]:
+                bar, decode=None, references=None) -> list[_Tally]:
     """Measure every system on ``batches`` (one workload, one batch size), interleaved; one tally each.
 
     The first batch is run once untimed by every system (warm-up); then each batch is run by every
     system back to back, the order rotated by one per batch. AR failing is a real failure and raises;
     any other system that raises is marked ``error`` and skipped for the rest of the cell. ``decode``
-    (sequences, prompt length -> texts) keeps each system's texts for the quality fields.
+    (sequences, prompt length -> texts) keeps each system's texts for the quality fields; ``references``
+    (per batch, each row's reference answer as token ids) go to each system before it runs that batch.
     """
     tallies = [_Tally(s) for s in systems]
     for t in tallies:
         t.status = t.system.unsupported(batch_size) or "ok"
     live = [t for t in tallies if t.status == "ok"]
     for t in live:
+        if references is not None:
+            t.system.use_references(references[0])
         _attempt(t, batches[0], f"warm-up on {ids[0]}", device)
         t.system.forget()  # a drafter with cross-request memory must not meet the warm-up's outputs again
         bar.update(1)
     for i, (inputs, where) in enumerate(zip(batches, ids)):
         outputs = {}
         for t in live[i % len(live):] + live[: i % len(live)]:
+            if references is not None:
+                t.system.use_references(references[i])
             run = _attempt(t, inputs, where, device) if t.status == "ok" else None
             bar.update(1)
             if run is None:
@@ -1117,7 +1131,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
                                for c in chunks]
                     ids = [",".join(e.id for e in c) for c in chunks]
                     bar.set_postfix_str(f"{wl.name} bs={bs}")
-                    tallies = _bench_cell(batches, ids, bs, systems, device, eos_ids, bar, decode=pipe.decode_new)
+                    tok = pipe.tokenizer  # each answer as the target would emit it, end of turn included
+                    references = [[tok(e.target + (tok.eos_token or ""), add_special_tokens=False)["input_ids"]
+                                   if e.target else [] for e in c] for c in chunks]
+                    tallies = _bench_cell(batches, ids, bs, systems, device, eos_ids, bar, decode=pipe.decode_new,
+                                          references=references)
                     ar = tallies[0]
                     refs = [e.target if e.target or e.meta.get("has_reference") else None
                             for c in chunks for e in c]

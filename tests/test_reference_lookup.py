@@ -5,9 +5,12 @@ import pytest
 import torch
 
 import mmspec
+from mmspec.bench import BenchConfig, run_bench
+from mmspec.demo import draw_test_image
 from mmspec.drafters.reference import ReferenceLookupDrafter
 from mmspec.errors import InvalidInputError
-from mmspec.registry import make_drafter
+from mmspec.registry import make_drafter, register_drafter
+from mmspec.workloads import Example, Workload, register_workload
 
 import _tiny_qwen_vl as Q
 
@@ -67,3 +70,40 @@ def test_a_reference_the_output_leaves_costs_tau_not_exactness(tiny):
     d.set_references(gen)
     full = mmspec.generate(model, inputs, drafter=d, max_new_tokens=24, min_new_tokens=24)
     assert out.stats.tau < full.stats.tau - 1
+
+
+class _Answers(Workload):
+    """Two small pictures with reference answers, for the bench's reference hand-over."""
+
+    name = "reference-test-answers"
+
+    def example(self, split, index):
+        return Example(id=f"{self.name}/{split}/{index}", prompt="How many shapes are there?",
+                       target=f"There are {index + 2} shapes.", images=[draw_test_image(112, 84)])
+
+
+register_workload(_Answers)
+
+
+def test_the_bench_hands_each_batch_its_references(tiny_vlm):
+    """Before a system runs a batch (warm-up included) its drafter gets that batch's reference answers as the
+    target would emit them; reference-lookup is then lossless like any drafter."""
+    from transformers import AutoTokenizer
+
+    calls = []
+
+    class Recording(ReferenceLookupDrafter):
+        def set_references(self, references):
+            calls.append([list(r) for r in references])
+            super().set_references(references)
+
+    register_drafter("reference-test-recording", lambda target, **kw: Recording(**kw))
+    cfg = BenchConfig(model=tiny_vlm, workloads=[_Answers.name], n=3, max_new_tokens=6, batch_sizes=[2],
+                      systems=["ar", "reference-test-recording;depth=3", "reference-lookup"])
+    recs = {r["system"]: r for r in run_bench(cfg, progress=False).results}
+    for name in ("reference-test-recording;depth=3", "reference-lookup"):
+        assert recs[name]["status"] == "ok" and recs[name]["identical_to_ar"] is True, recs[name]
+    assert [len(c) for c in calls] == [0, 2, 2, 1]  # built without any, then the warm-up batch, then batches 1-2
+    tok = AutoTokenizer.from_pretrained(tiny_vlm)
+    assert tok.decode(calls[-1][0], skip_special_tokens=True) == "There are 4 shapes."
+    assert calls[-1][0][-1] == tok.eos_token_id

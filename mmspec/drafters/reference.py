@@ -9,6 +9,9 @@ reads the page could gain on that target. It is not a speed tool (it needs the a
 :class:`~mmspec.drafters.oracle.NoisyOracleDrafter`; unlike that one, its proposals depend on the output
 only, deterministically, so decoding with it is exactly the target's own output.
 
+``mmspec bench --systems ar,reference-lookup`` hands it each batch's reference answers (the workload
+examples' targets); ``python -m mmspec.vision.testbed eval --reference-tau`` reports its τ on the testbed.
+
 When the tail occurs several times in the reference (table rules, repeated words), the occurrence whose
 continuation starts closest to the output's own position is taken: an output that follows the reference
 is proposed its own next tokens, not those after an earlier repeat.
