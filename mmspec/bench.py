@@ -870,7 +870,7 @@ def _plain_lines(results: list) -> list[str]:
     lines = []
     for r in results:
         lat, q = r.get("latency_ms"), r.get("quality")
-        if not lat and not q:
+        if not lat:  # a text system's record (its quality, e.g. on --inputs, has columns of its own)
             continue
         stages = ", ".join(f"{k} {v:.1f}" for k, v in lat.items() if k not in ("total", "p50", "p90"))
         text = f"{r['workload']}  {r['system']}  bs {r['batch_size']}:"

@@ -270,7 +270,9 @@ def test_bench_table_prints_latency_and_quality_of_plain_pipelines():
                        {"reasoning_exact": 0.5, "min_ade_1": 4.25, "note": "x"})
     img = plain_record("images", 4, 8, [1.0], 1024, {"generate": [900.0], "total": [1000.0]},
                        {"prompt_accuracy": 0.875, "fid": 24.7, "fid_n": 8, "field_accuracy": {"shape": 1.0}})
-    table = BenchReport([rec, img], {"dtype": "torch.float32"}).table()
+    text = dict(rec, workload="inputs:req.jsonl", system="lookup", latency_ms=None, quality={"cer": 0.1})
+    table = BenchReport([rec, img, text], {"dtype": "torch.float32"}).table()
+    assert not any(line.startswith("inputs:req.jsonl  lookup  bs") for line in table.splitlines())
     lines = table.splitlines()
     driving = next(line for line in lines if line.startswith("driving") and "ms" in line)
     assert "total 600.0 ms" in driving and "p90 680.0" in driving and "encode 11.0" in driving
