@@ -4,7 +4,6 @@ and clear :class:`mmspec.MMSpecError` s for bad requests (validated before any m
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 import torch
 
 from mmspec import InvalidImageError, InvalidInputError, MMSpecPipeline
-from mmspec.errors import MMSpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 VLA = ROOT / "drivers" / "assets" / "driving-vla"
@@ -212,7 +210,3 @@ def test_image_ar_eval_without_anything_to_evaluate_is_an_error(capsys):
     assert e.value.code == 2
     assert "--generator" in capsys.readouterr().err
 
-
-def test_error_family():
-    assert issubclass(InvalidImageError, MMSpecError)
-    assert os.path.isdir(ROOT / "drivers")
