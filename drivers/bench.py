@@ -10,7 +10,8 @@ their records beside this one, measured the same way.
 
 Example:
     >>> from mmspec.bench import BenchConfig                                           # doctest: +SKIP
-    >>> bench_driving("driving-vla", get_workload("driving").examples("test", 8), BenchConfig())  # doctest: +SKIP
+    >>> examples = get_workload("driving").examples("test", 8)                        # doctest: +SKIP
+    >>> bench_driving("drivers/assets/driving-vla", examples, BenchConfig())          # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -106,8 +106,8 @@ class DrivingPipeline(MMSpecPipeline):
         vla = DrivingVLA.from_pretrained(target, dtype="auto" if dtype is None else dtype)
         if device_map is not None:
             if not isinstance(device_map, (str, torch.device)) or str(device_map) == "auto":
-                raise InvalidInputError(f"the driving VLA runs on one device: pass device_map='cpu', 'cuda', 'cuda:1'... "
-                                        f"(got {device_map!r})")
+                raise InvalidInputError(f"the driving VLA runs on one device: pass device_map='cpu', 'cuda', "
+                                        f"'cuda:1'... (got {device_map!r})")
             vla.to(torch.device(device_map))
         return cls(vla)
 

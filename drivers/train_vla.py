@@ -107,8 +107,8 @@ class DrivingVLA(torch.nn.Module):
 
         path = check_local_folder(path, "driving VLA folder")  # said at once, not tried as a hub id
         if not os.path.isfile(os.path.join(path, EXPERT_CONFIG)):
-            raise InvalidInputError(f"{path} is not a driving VLA folder (no {EXPERT_CONFIG}: DrivingVLA.save_pretrained "
-                                    "writes the backbone and the action expert together)")
+            raise InvalidInputError(f"{path} is not a driving VLA folder (no {EXPERT_CONFIG}: "
+                                    "DrivingVLA.save_pretrained writes the backbone and the action expert together)")
         dtype = resolve_dtype(dtype, path)
         backbone = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
         with open(os.path.join(path, EXPERT_CONFIG)) as f:
@@ -419,7 +419,7 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
     counts per scenario kind (``model_by_kind``).
 
     Example:
-        >>> closed_loop(DrivingVLA.from_pretrained("driving-vla"), n=6)            # doctest: +SKIP
+        >>> closed_loop(DrivingVLA.from_pretrained("drivers/assets/driving-vla"), n=6)            # doctest: +SKIP
     """
     from .pipeline import DrivingPipeline
     from .world import SCENARIO_KINDS, safety_events, scenario_for, simulate
@@ -488,7 +488,8 @@ def collect_rollouts(vla: DrivingVLA, path: str, n: int = 120, seconds: float = 
     the state with the expert's recovery.
 
     Example:
-        >>> rows = collect_rollouts(DrivingVLA.from_pretrained("driving-vla"), "rollouts.jsonl", n=6)  # doctest: +SKIP
+        >>> vla = DrivingVLA.from_pretrained("drivers/assets/driving-vla")               # doctest: +SKIP
+        >>> rows = collect_rollouts(vla, "rollouts.jsonl", n=6)                         # doctest: +SKIP
     """
     from tqdm import tqdm
 

@@ -11,7 +11,8 @@ Spatial speculation later adds its records beside these, measured the same way.
 
 Example:
     >>> from mmspec.bench import BenchConfig                                           # doctest: +SKIP
-    >>> bench_images("image-gen", get_workload("images").examples("test", 8), BenchConfig())  # doctest: +SKIP
+    >>> examples = get_workload("images").examples("test", 8)                         # doctest: +SKIP
+    >>> bench_images("image_ar/assets/image-gen", examples, BenchConfig())            # doctest: +SKIP
 """
 
 from __future__ import annotations

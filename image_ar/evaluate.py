@@ -10,8 +10,9 @@
 checkpoints, resume).
 
 Example:
-    >>> pipe = ImageARPipeline.from_pretrained("image-gen")                                 # doctest: +SKIP
-    >>> evaluate_generator(pipe, WorldClassifier.from_pretrained("world-clf"), n=200)       # doctest: +SKIP
+    >>> pipe = ImageARPipeline.from_pretrained("image_ar/assets/image-gen")                 # doctest: +SKIP
+    >>> clf = WorldClassifier.from_pretrained("image_ar/assets/world-classifier")           # doctest: +SKIP
+    >>> evaluate_generator(pipe, clf, n=200)                                                # doctest: +SKIP
 """
 
 from __future__ import annotations

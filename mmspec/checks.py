@@ -64,10 +64,10 @@ def check_sampling(do_sample: bool, temperature=None, top_k=None, top_p=None) ->
     does); ``top_k`` must never be negative.
 
     Example:
-        >>> check_sampling(True, temperature=0.0)
+        >>> check_sampling(True, temperature=0.0)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        mmspec.errors.InvalidInputError: temperature must be > 0 when sampling (got 0.0); for greedy decoding pass do_sample=False
+        mmspec.errors.InvalidInputError: temperature must be > 0 when sampling (got 0.0); ...
     """
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
         raise InvalidInputError(f"top_k must be >= 0 (0: no top-k filtering; got {top_k!r})")

@@ -417,9 +417,9 @@ def generate(
 def _check_trees(drafter, trees: list, rows: int, vocab: int) -> None:
     """A drafter's proposals must fit the batch and the target's vocabulary (bad ids would crash a GPU)."""
     if not isinstance(trees, (list, tuple)):
-        raise InvalidInputError(f"drafter {drafter.kind!r} returned {type(trees).__name__ if trees is not None else None} "
-                                f"from propose(); it must return a list of DraftTree, one per active row "
-                                "(DraftTree.empty() for a row it has nothing for)")
+        got = None if trees is None else type(trees).__name__
+        raise InvalidInputError(f"drafter {drafter.kind!r} returned {got} from propose(); it must return a list of "
+                                "DraftTree, one per active row (DraftTree.empty() for a row it has nothing for)")
     bad = [type(t).__name__ for t in trees if not isinstance(t, DraftTree)]
     if bad:
         raise InvalidInputError(f"drafter {drafter.kind!r} returned {bad[0]} in its list; propose() must return "

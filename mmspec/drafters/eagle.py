@@ -774,10 +774,10 @@ def _eagle_spec_factory(target_model, path=None, untrained=False, **options):
     the same name as the shipped head; now it has that one meaning everywhere.
 
     Example:
-        >>> _eagle_spec_factory(None)
+        >>> _eagle_spec_factory(None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        mmspec.errors.InvalidInputError: 'eagle' names no trained head: none ships for this target; pass 'eagle:DIR' (a head trained with `mmspec train --kind eagle --target ...`), or 'eagle;untrained=true' for a random head (tests only)
+        mmspec.errors.InvalidInputError: 'eagle' names no trained head: none ships for this target; pass 'eagle:DIR' ...
     """
     if not path and not untrained:
         from ..workloads import bundled_drafter_path
