@@ -109,6 +109,18 @@ def test_anchors_and_loss_weights():
     assert kept_layer_ids(6) == (2, 3, 4)
 
 
+def test_record_drops_the_label_after_an_eos():
+    target = _tiny_text.model(200, hidden=48, layers=2, seed=3)
+    prompt = _prompts(1, seed=5)[0]
+    free = glance_record(target, prompt, (1, 2), 8)
+    assert int(free["labels"][-1]) != -100 and free["positions"].shape == (len(free["tokens"]), 1)
+    eos = int(free["tokens"][len(prompt) + 3])
+    target.generation_config.eos_token_id = eos
+    rec = glance_record(target, prompt, (1, 2), 8)
+    assert int(rec["tokens"][-1]) == eos and len(rec["tokens"]) <= len(prompt) + 4
+    assert int(rec["labels"][-1]) == -100 and bool((rec["labels"][:-1] != -100).all())
+
+
 # --------------------------------------------------------------------------- drafting cache == training forward
 def _spy_blocks(drafter):
     seen, orig = [], drafter._block_logits

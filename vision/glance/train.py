@@ -54,6 +54,12 @@ def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=t
     n_axes = 1 if rope_settings(model)["mrope_section"] is None else 3
     rec["positions"] = context_positions(model, ext, n_axes)[0].cpu()
     rec["features"] = rec["features"].to(feature_dtype)
+    eos = model.generation_config.eos_token_id
+    eos = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+    if int(full[-1]) in eos:
+        # The target's guess after its own end of answer: decoding stops at the eos, so no block ever drafts
+        # past it, and training on it would teach noise.
+        rec["labels"][-1] = -100
     return rec
 
 
