@@ -62,7 +62,7 @@ PY
 # run the same command again after a stop (state.pt holds the optimizer and step). On 2026-12-01 it ran as
 # /work/ckpt/faithful/run_stage1.sh with --out /work/ckpt/faithful/stage1.
 python -m mmspec.vision.testbed train --out "$W/faithful-stage1" --init "$HERE/testbed-vlm" --size small \
-    --steps 4000 --warmup 50 --batch-size 4 --lr 5e-5 --aux-weight 0.25 --read-weight 0.5 --read-layers 2,3 \
+    --steps 6000 --warmup 100 --batch-size 4 --lr 1e-4 --aux-weight 0.25 --read-weight 0.5 --read-layers 2,3 \
     --locate-weight 0.1 --track-weight 0.5 --probe-warmup 150 --self-feed 0.5 --docs-fraction 0.75 --save-every 100 \
     --threads 1 \
     --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.15, "block_fraction": 0.35}, "charts": {}}'
