@@ -704,7 +704,12 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
                 t.identical_rows += len(rows) - len(differ)
                 t.identical = t.identical and not differ
                 if differ:
-                    t.divergences += _divergences(t.system.model, inputs, outputs["ar"], differ, rows, ar_rows, where)
+                    try:
+                        t.divergences += _divergences(t.system.model, inputs, outputs["ar"], differ, rows, ar_rows,
+                                                      where)
+                    except Exception as e:  # noqa: BLE001 - a failed diagnosis must not end the whole run
+                        t.divergences += [{"batch": where, "row": r, "error": _error_status(e, "margin")}
+                                          for r in differ]
     return tallies
 
 
@@ -1035,7 +1040,7 @@ def _meta(cfg: BenchConfig, model_path: str, model, n: int, max_new: int) -> dic
         "mmspec": __version__,
         "model": model_path,
         "model_type": model.config.model_type if model is not None else None,
-        "dtype": str(model.dtype) if model is not None else None,
+        "dtype": dtype_name(model.dtype) if model is not None else None,
         "device": str(model.device if model is not None else cfg.resolved_device()),
         "draft_model": cfg.draft_model,
         "args": {**asdict(cfg), "n": n, "max_new_tokens": max_new},
@@ -1111,7 +1116,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
             results += w.bench_plain(plain_models[w.name], w.examples(cfg.split, n), cfg, progress)
     if not workloads:
         return BenchReport(results, {**_meta(cfg, None, None, n, max_new), "models": plain_models})
-    examples = {w.name: w.examples(cfg.split, n) for w in workloads}
+    examples = {w.name: w.examples(cfg.split, n) for w in workloads} if requests is None else {}
     model_path = vlm_model or default_model_path(workloads)
     if requests is not None:  # the user's own requests, in place of the workloads (the default target stays)
         name = f"inputs:{os.path.basename(cfg.inputs)}"

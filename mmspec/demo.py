@@ -367,6 +367,7 @@ def _compare(pipe, images, prompt, max_new_tokens, print_fn, what):
     ref_text = pipe.decode_new(ref, inputs["input_ids"].shape[1])[0]
     same = torch.equal(out.sequences.cpu(), ref.cpu()) and out.text == ref_text
     out.info["matches_generate"] = same
+    out.info["dtype"] = str(pipe.model.dtype).removeprefix("torch.")
     w, h = images[0].size
     print_fn(f"prompt: {prompt!r} (+ one {w}x{h} {what})")
     print_fn(f"text: {out.text!r}")

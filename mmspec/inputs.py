@@ -49,6 +49,10 @@ def load_requests(path) -> list[Example]:
         InvalidInputError: a missing or empty file, or a bad line (invalid JSON, not an object, unknown keys,
             no prompt, a prompt or image path that is not a string, a duplicate id), naming file and line.
         InvalidImageError: an image file that does not exist (file, line and path named).
+
+    Example:
+        >>> load_requests("requests.jsonl")[0].images                     # doctest: +SKIP
+        ['/data/scans/p1.png']
     """
     path = os.path.expanduser(os.fspath(path))
     if not os.path.isfile(path):
@@ -95,7 +99,7 @@ def load_requests(path) -> list[Example]:
                 raise InvalidInputError(f"{where}: duplicate id {rid!r} (first on line {seen[rid]})")
             seen[rid] = lineno
             out.append(Example(id=rid, prompt=prompt, target=ref or "", images=resolved,
-                               meta={"line": lineno, "has_reference": ref is not None}))
+                               meta={"line": lineno, "has_reference": ref is not None, "source": path}))
     if not out:
         raise InvalidInputError(f"{path} holds no requests (one JSON object a line)")
     return out
@@ -140,8 +144,10 @@ def text_quality(texts, references) -> dict | None:
 class JsonlWriter:
     """Append-only JSON-lines output, one line per finished request, flushed as written.
 
-    Opening an existing file keeps its complete lines (a last line cut short by a killed job is dropped
-    from the file) and exposes their ids as :attr:`done`, so a rerun skips them; nothing is written twice.
+    Opening an existing file keeps its complete lines (a last line cut short by a killed job, one that does
+    not parse, is dropped from the file) and exposes their ids as :attr:`done` (with each row's
+    ``request`` fingerprint in :attr:`fingerprints`), so a rerun skips them; nothing is written twice. A
+    file that holds anything but output lines of this kind is refused, never rewritten.
 
     Example:
         >>> import tempfile
@@ -158,22 +164,42 @@ class JsonlWriter:
         folder = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(folder):
             raise InvalidInputError(f"output folder does not exist: {folder}")
+        if os.path.isdir(self.path):
+            raise InvalidInputError(f"--out {self.path} is a folder; name a .jsonl file")
         self.done: set = set()
+        self.fingerprints: dict = {}
         if os.path.isfile(self.path):
             with open(self.path, "rb") as f:
                 data = f.read()
-            keep = data[: data.rfind(b"\n") + 1]  # a partial last line is what a killed writer left
-            for lineno, line in enumerate(keep.decode("utf-8").splitlines(), 1):
+            try:
+                lines = data.decode("utf-8").split("\n")
+            except UnicodeDecodeError:
+                raise InvalidInputError(f"{self.path} is not a text file of output lines; use another --out") from None
+            tail = lines.pop()  # after the last newline: empty, or what a killed writer left
+            for lineno, line in enumerate(lines, 1):
                 if line.strip():
-                    try:
-                        self.done.add(str(json.loads(line)[key]))
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise InvalidInputError(f"{self.path}, line {lineno}: not an output line of this job; "
-                                                "use another --out") from None
-            if len(keep) != len(data):
-                with open(self.path, "wb") as f:
-                    f.write(keep)
+                    self._take(line, lineno)
+            if tail.strip():
+                try:
+                    self._take(tail, len(lines) + 1)
+                    with open(self.path, "ab") as f:  # a complete last row that only lacks its newline
+                        f.write(b"\n")
+                except InvalidInputError:
+                    if not self.done:  # nothing of ours before it: not our file, never rewrite it
+                        raise
+                    with open(self.path, "wb") as f:
+                        f.write(data[: data.rfind(b"\n") + 1])
         self._f = open(self.path, "a", encoding="utf-8")
+
+    def _take(self, line: str, lineno: int) -> None:
+        try:
+            row = json.loads(line)
+            rid = str(row[self.key])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise InvalidInputError(f"{self.path}, line {lineno}: not an output line of this job; "
+                                    "use another --out") from None
+        self.done.add(rid)
+        self.fingerprints[rid] = row.get("request")
 
     def write(self, row: dict) -> None:
         """Append ``row`` (it must carry the key) as one line and flush it to disk."""
@@ -181,6 +207,7 @@ class JsonlWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self.done.add(str(row[self.key]))
+        self.fingerprints[str(row[self.key])] = row.get("request")
 
     def close(self) -> None:
         self._f.close()
@@ -209,9 +236,26 @@ def generate_requests(pipe, requests: list, out, batch_size: int = 1, progress: 
     """
     from tqdm.auto import tqdm
 
+    import hashlib
+
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidInputError(f"batch_size must be a positive integer (got {batch_size!r})")
+    ins = {r.meta.get("source") for r in requests} - {None}
+    if any(os.path.exists(out) and os.path.samefile(out, p) for p in ins):
+        raise InvalidInputError(f"--out {out} is the requests file itself; name another file")
+    settings = json.dumps(generate_kwargs, sort_keys=True, default=str)
+
+    def fingerprint(r) -> str:
+        # what the answer depends on: a rerun must not keep an answer to another prompt under the same id
+        blob = json.dumps([r.prompt, [os.path.basename(p) for p in r.images], settings])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
     with JsonlWriter(out) as writer:
+        for r in requests:
+            old = writer.fingerprints.get(r.id, "absent")
+            if old not in ("absent", None, fingerprint(r)):
+                raise InvalidInputError(f"{out} holds an answer for id {r.id!r} to another request or with other "
+                                        "generation settings; use another --out (or give the lines stable ids)")
         todo = [r for r in requests if r.id not in writer.done]
         skipped = len(requests) - len(todo)
         with tqdm(total=len(requests), initial=skipped, desc="mmspec generate", unit="req", disable=not progress,
@@ -222,7 +266,8 @@ def generate_requests(pipe, requests: list, out, batch_size: int = 1, progress: 
                               **generate_kwargs)
                 stats = result.stats.to_dict()
                 for r, text in zip(chunk, result.text):
-                    row = {"id": r.id, "line": r.meta.get("line"), "text": text, "stats": stats}
+                    row = {"id": r.id, "line": r.meta.get("line"), "request": fingerprint(r), "text": text,
+                           "stats": stats}
                     if r.meta.get("has_reference"):
                         row["reference"] = r.target
                     writer.write(row)

@@ -95,7 +95,7 @@ def test_one_record_per_workload_system_batch_size_with_typed_fields(report):
     meta = data["meta"]
     for key in ("date", "machine", "torch", "transformers", "model", "args", "device", "dtype"):
         assert meta[key], key
-    assert meta["dtype"] == "torch.float32" and all(r["dtype"] == "float32" for r in results)  # stored in fp32
+    assert meta["dtype"] == "float32" and all(r["dtype"] == "float32" for r in results)  # stored in fp32
     assert meta["args"]["max_new_tokens"] == 12 and meta["args"]["systems"] == SYSTEMS
 
 

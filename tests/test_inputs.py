@@ -145,3 +145,38 @@ def test_writer_refuses_a_foreign_file(tmp_path):
     path.write_text('{"other": 1}\n')
     with pytest.raises(InvalidInputError, match="line 1: not an output line"):
         JsonlWriter(path)
+
+
+def test_writer_never_wipes_a_file_that_is_not_its_own(tmp_path):
+    """A one-line JSON document without a final newline (say a results.json) is refused, not rewritten; a last
+    complete row that only lacks its newline is kept; a folder is refused."""
+    path = tmp_path / "results.json"
+    path.write_text('{"score": 1}')
+    with pytest.raises(InvalidInputError, match="not an output line"):
+        JsonlWriter(path)
+    assert path.read_text() == '{"score": 1}'
+    path.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}')
+    assert JsonlWriter(path).done == {"a", "b"} and path.read_text().endswith('"y"}\n')
+    with pytest.raises(InvalidInputError, match="is a folder"):
+        JsonlWriter(tmp_path)
+
+
+def test_generate_inputs_refuses_answers_to_other_requests_under_the_same_id(tiny_vlm, requests_file, tmp_path):
+    from mmspec import MMSpecPipeline
+    from mmspec.inputs import generate_requests
+
+    pipe = MMSpecPipeline.from_pretrained(tiny_vlm)
+    out = tmp_path / "out.jsonl"
+    reqs = load_requests(requests_file)
+    generate_requests(pipe, reqs[:1], out, progress=False, max_new_tokens=3)
+    with pytest.raises(InvalidInputError, match="another request or with other generation settings"):
+        generate_requests(pipe, reqs[:1], out, progress=False, max_new_tokens=4)  # other settings
+    edited = requests_file.parent / "edited.jsonl"
+    edited.write_text(requests_file.read_text().replace("Describe the image.", "Describe it."))
+    moved = [r for r in load_requests(edited)][:1]
+    moved[0].id = reqs[0].id
+    with pytest.raises(InvalidInputError, match="another request"):
+        generate_requests(pipe, moved, out, progress=False, max_new_tokens=3)
+    with pytest.raises(InvalidInputError, match="the requests file itself"):
+        generate_requests(pipe, reqs, requests_file, progress=False, max_new_tokens=3)
+    assert generate_requests(pipe, reqs[:1], out, progress=False, max_new_tokens=3)["skipped"] == 1
