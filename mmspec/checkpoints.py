@@ -101,8 +101,11 @@ def native_dtype(dtype, device="cpu") -> bool:
     device = torch.device(device)
     if dtype not in (torch.bfloat16, torch.float16):
         return True
-    if device.type == "cuda":
-        return dtype == torch.float16 or torch.cuda.is_bf16_supported()
+    if device.type == "cuda":  # pre-Ampere GPUs emulate bf16: not native
+        if dtype == torch.float16:
+            return True
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type != "cpu":
         return True  # other accelerators: trust the checkpoint
     cpu = torch.cpu

@@ -377,7 +377,7 @@ def generate(
         for r, tree, res, cut in zip(active, trees, results, pruned):
             kept, done = push(r, [int(tree.tokens[j]) for j in res.path] + [res.next_token])
             _record(stats, tree, res.path, kept, cut)
-            if record_entropy:
+            if record_entropy and not cut and not done:  # rounds a length cap or a stop cut short say nothing
                 stats.entropy_trace.append([round_entropy[len(committed)], len(kept)])
             if budget is not None:
                 budget.observe_row(tree, len(res.path))

@@ -159,7 +159,17 @@ class MMSpecPipeline:
         dtype = resolve_dtype(dtype)  # a bad name fails before the folder is read
         config = load_target_config(target, trust_remote_code=trust_remote_code)
         if dtype == "auto":
-            dtype = resolve_dtype(dtype, os.path.expanduser(os.fspath(target)), _load_device(device_map))
+            device = _load_device(device_map)
+            dtype = resolve_dtype(dtype, os.path.expanduser(os.fspath(target)), device)
+            if dtype == "auto":  # weights not readable here (a hub id, .bin files): the config's dtype, if native
+                import torch
+
+                from .checkpoints import native_dtype
+
+                said = getattr(config, "dtype", None)
+                said = getattr(torch, said, None) if isinstance(said, str) else said
+                if isinstance(said, torch.dtype) and not native_dtype(said, device):
+                    dtype = torch.float32
         model_type = getattr(config, "model_type", None)
         if cls is MMSpecPipeline:
             # A folder written for one of mmspec's own tasks says so in its config (a driving VLA is a qwen2_vl

@@ -169,3 +169,23 @@ def test_bundled_target_and_head_load_in_bfloat16_where_native(monkeypatch):
     assert pipe.model.dtype == torch.bfloat16 and pipe.drafter.fc.weight.dtype == torch.bfloat16
     _native(monkeypatch, False)
     assert MMSpecPipeline.from_pretrained(TARGET_DIR).model.dtype == torch.float32
+
+
+def test_auto_falls_back_to_the_configs_dtype_where_weights_are_unreadable(tmp_path, monkeypatch, tiny_vlm):
+    """A checkpoint whose stored dtype mmspec cannot read (``.bin`` weights, a hub id: simulated here) follows its
+    config's dtype in ``auto``, except where that dtype would be emulated."""
+    import shutil
+
+    from transformers import AutoModelForImageTextToText
+
+    import mmspec.checkpoints as ck
+    from mmspec import MMSpecPipeline
+
+    out = tmp_path / "bf16"
+    shutil.copytree(tiny_vlm, out)
+    AutoModelForImageTextToText.from_pretrained(tiny_vlm).to(torch.bfloat16).save_pretrained(str(out))
+    monkeypatch.setattr(ck, "stored_dtype", lambda path: None)
+    _native(monkeypatch, True)
+    assert MMSpecPipeline.from_pretrained(str(out)).model.dtype == torch.bfloat16  # its config says bf16
+    _native(monkeypatch, False)
+    assert MMSpecPipeline.from_pretrained(str(out)).model.dtype == torch.float32
