@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     _dtype_argument(t, "the target's dtype in the data stage")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from .registry import registered_commands
+
+    core = set(sub.choices)
+    for name, (help_, add_arguments, _run) in sorted(registered_commands().items()):
+        if name in core:  # a modality may not shadow a core command
+            continue
+        add_arguments(sub.add_parser(name, help=help_))
     return parser
 
 
@@ -304,7 +311,11 @@ def main(argv=None) -> int:
             return _bench(args)
         if args.command == "train":
             return _train(args)
-        return _demo(args)
+        if args.command == "demo":
+            return _demo(args)
+        from .registry import registered_commands
+
+        return registered_commands()[args.command][2](args)
     except MMSpecError as e:
         msg = " ".join(str(e).split())
         print(f"mmspec: error: {msg}", file=sys.stderr)

@@ -32,6 +32,8 @@ __all__ = [
     "register_drafter",
     "make_drafter",
     "drafter_kinds",
+    "register_command",
+    "registered_commands",
     "MODALITY_PACKAGES",
     "DEFAULT_TASK",
 ]
@@ -45,6 +47,7 @@ DEFAULT_TASK = "vlm"
 _PIPELINES: dict[str, type] = {}
 _MODEL_TYPES: dict[str, str] = {}  # model_type -> task
 _DRAFTERS: dict[str, object] = {}
+_COMMANDS: dict[str, tuple] = {}  # name -> (help, add_arguments, run)
 _loaded = False
 _load_errors: dict[str, str] = {}
 
@@ -74,6 +77,41 @@ def _unavailable_note() -> str:
     if not _load_errors:
         return ""
     return " (not loaded: " + "; ".join(f"{k}: {v}" for k, v in _load_errors.items()) + ")"
+
+
+# ---------------------------------------------------------------------------- commands
+def register_command(name: str, help: str, add_arguments, run) -> None:
+    """Register an ``mmspec NAME`` subcommand provided by a modality package.
+
+    Why: ``mmspec parse-docs`` and ``mmspec drive-sim`` belong to their modalities, and the core's command
+    line must not import them. ``add_arguments(parser)`` fills the subcommand's ``argparse`` parser;
+    ``run(args)`` does the work and returns the exit status. :class:`mmspec.MMSpecError` raised by ``run``
+    prints one line and exits 2, as for the core's own commands. Registering a name again replaces it.
+
+    Example:
+        >>> register_command("hello", "say hello", lambda p: p.add_argument("--who", default="you"),
+        ...                  lambda args: print("hello", args.who) or 0)
+        >>> from mmspec.cli import main
+        >>> main(["hello", "--who", "docs"])
+        hello docs
+        0
+    """
+    if not isinstance(name, str) or not name or name.startswith("-"):
+        raise InvalidInputError("a command name must be a non-empty string not starting with '-'")
+    if not callable(add_arguments) or not callable(run):
+        raise InvalidInputError(f"command {name!r}: add_arguments and run must be callables")
+    _COMMANDS[name] = (help, add_arguments, run)
+
+
+def registered_commands() -> dict:
+    """The subcommands modality packages registered: ``{name: (help, add_arguments, run)}``.
+
+    Example:
+        >>> isinstance(registered_commands(), dict)
+        True
+    """
+    load_modalities()
+    return dict(_COMMANDS)
 
 
 # ---------------------------------------------------------------------------- pipelines
