@@ -49,7 +49,8 @@ def perm():
     target = _perm_target()
     rand = GlanceDrafter.from_target(target, seed=0, block_size=5)
     records = [glance_record(target, p, rand.layer_ids, 32) for p in _prompts(50, seed=1)]
-    trained = _train(target, records, GlanceDrafter.from_target(target, seed=0, block_size=5, num_layers=1), steps=120)
+    trained = _train(target, records, GlanceDrafter.from_target(target, seed=0, block_size=5, num_layers=1,
+                                                                 anchor_feature=True), steps=120)
     return target, rand, trained, _left_pad(_prompts(10, seed=7))
 
 
@@ -167,15 +168,16 @@ def test_cached_drafting_equals_the_training_forward_text(perm, branch_k):
             assert torch.allclose(lg, ref, atol=1e-4), (r, a)
 
 
-def test_cached_drafting_equals_the_training_forward_qwen2_vl():
+@pytest.mark.parametrize("anchor_feature", [False, True])
+def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature):
     """The same on Qwen2-VL with M-RoPE: context keys take the target's (time, height, width) positions, the
     text after the image continues from the rope delta. A noisy oracle in a union makes rounds accept long
     paths through nodes the head did not draft (the head must still cache the accepted ones)."""
     from mmspec.drafters import NoisyOracleDrafter, UnionDrafter
 
     model = T.build("qwen2_vl")
-    head = GlanceDrafter.from_target(model, seed=0, block_size=4)
-    assert head.head.n_axes == 3
+    head = GlanceDrafter.from_target(model, seed=0, block_size=4, anchor_feature=anchor_feature)
+    assert head.head.n_axes == 3 and head.head.anchor_feature == anchor_feature
     inputs = T.make_inputs("qwen2_vl", VL_PROMPTS[:1])
     ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
     P = inputs["input_ids"].shape[1]

@@ -208,7 +208,7 @@ class BlockHead(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, num_context_layers: int, block_size: int = 8,
                  num_layers: int = 2, num_heads: int | None = None, head_dim: int | None = None,
                  intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
-                 mrope_section=None, mrope_interleaved: bool = False):
+                 mrope_section=None, mrope_interleaved: bool = False, anchor_feature: bool = False):
         super().__init__()
         H = int(hidden_size)
         if block_size < 2:
@@ -232,6 +232,14 @@ class BlockHead(nn.Module):
                                                rms_eps) for _ in range(int(num_layers)))
         self.norm = _RMSNorm(H, rms_eps)
         self.rotary = AxisRotary(int(head_dim), rope_theta, mrope_section, mrope_interleaved)
+        # EAGLE's shortcut inside the block: the committed token's input also carries the context vector of the
+        # position just before it (the state that predicted it). Without it the head must first learn to find
+        # that one key among hundreds by attention, which on this scale of data costs most of its training.
+        self.anchor_proj = nn.Linear(H, H, bias=False) if anchor_feature else None
+
+    @property
+    def anchor_feature(self) -> bool:
+        return self.anchor_proj is not None
 
     @property
     def n_axes(self) -> int:
@@ -246,12 +254,18 @@ class BlockHead(nn.Module):
         cos, sin = self.rotary(positions, c.dtype)
         return [layer.context_kv(c, cos, sin) for layer in self.layers]
 
-    def forward(self, tokens, is_mask, positions, context, allowed=None):
+    def forward(self, tokens, is_mask, positions, context, allowed=None, anchor_context=None):
         """Block pass: ``tokens[B, T]`` (read where ``is_mask[B, T]`` is false), ``positions[B, T, A]``,
         ``context`` per layer ``(k, v)[B, h, C, d]``, ``allowed[B, T, C + T]`` -> ``(logits[B, T, V] float32,
-        hidden[B, T, H])``; the logits at a mask position are the head's distribution of the token there."""
+        hidden[B, T, H])``; the logits at a mask position are the head's distribution of the token there.
+        ``anchor_context[B, T, H]`` (heads with ``anchor_feature``): per query the projected context vector added
+        to its input (the state before the block at each block's committed token, zeros elsewhere)."""
         emb = self.embed_tokens(tokens)
         x = torch.where(is_mask[..., None], self.mask_embedding.to(emb.dtype), emb)
+        if self.anchor_proj is not None:
+            if anchor_context is None:
+                raise ValueError("this head reads the state before each block (anchor_feature): pass anchor_context")
+            x = x + self.anchor_proj(anchor_context.to(x.dtype))
         cos, sin = self.rotary(positions, x.dtype)
         for layer, (ck, cv) in zip(self.layers, context):
             x = layer(x, cos, sin, ck, cv, allowed)
@@ -358,21 +372,23 @@ class BlockDrafter(TrainableDrafter):
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1,), block_size: int = 8, num_layers: int = 2,
                  num_heads: int | None = None, head_dim: int | None = None, intermediate_size: int | None = None,
                  rms_eps: float = 1e-6, rope_theta: float = 10000.0, mrope_section=None,
-                 mrope_interleaved: bool = False, num_draft_tokens: int | None = None, branch_k: int = 1,
-                 tree_budget: int | None = None, depth_budget: str | None = None, fingerprint: dict | None = None):
+                 mrope_interleaved: bool = False, anchor_feature: bool = False, num_draft_tokens: int | None = None,
+                 branch_k: int = 1, tree_budget: int | None = None, depth_budget: str | None = None,
+                 fingerprint: dict | None = None):
         super().__init__(fingerprint=fingerprint)
         self.layer_ids = tuple(int(i) for i in layer_ids)
         if not self.layer_ids:
             raise ValueError("layer_ids must name at least one target layer")
         self.head = BlockHead(hidden_size, vocab_size, len(self.layer_ids), block_size, num_layers, num_heads,
-                              head_dim, intermediate_size, rms_eps, rope_theta, mrope_section, mrope_interleaved)
+                              head_dim, intermediate_size, rms_eps, rope_theta, mrope_section, mrope_interleaved,
+                              anchor_feature)
         first = self.head.layers[0]
         self._shape = {"hidden_size": int(hidden_size), "vocab_size": int(vocab_size), "block_size": int(block_size),
                        "num_layers": int(num_layers), "num_heads": first.heads, "head_dim": first.head_dim,
                        "intermediate_size": first.gate_proj.out_features, "rms_eps": float(rms_eps),
                        "rope_theta": float(rope_theta),
                        "mrope_section": None if mrope_section is None else [int(s) for s in mrope_section],
-                       "mrope_interleaved": bool(mrope_interleaved)}
+                       "mrope_interleaved": bool(mrope_interleaved), "anchor_feature": bool(anchor_feature)}
         self.num_draft_tokens = int(num_draft_tokens or block_size - 1)
         self.branch_k = int(branch_k)
         self.tree_budget = None if tree_budget is None else int(tree_budget)
@@ -457,6 +473,7 @@ class BlockDrafter(TrainableDrafter):
         self._stream = None  # StreamPositions of the rows in cache order (next position of the pending token)
         self._paths = None  # original row -> accepted path of the last verify pass, ingested at the next propose
         self._round_t = None
+        self._last_c = None  # per cache row, the projected context vector of its last committed position
 
     def _ctx_features(self, ctx: DraftContext) -> torch.Tensor:
         missing = [i for i in self.layer_ids if i not in ctx.hidden]
@@ -500,8 +517,12 @@ class BlockDrafter(TrainableDrafter):
         dt, dev = self.head.fc.weight.dtype, self.head.fc.weight.device
         self._cache = ContextCache(len(self.head.layers), first.heads, first.head_dim, len(rows), dt, dev,
                                    capacity=max(ctx.prompt_lengths) + 64)
+        last = []
         for b, (f, p) in enumerate(zip(prompt_feats, prompt_pos)):
-            self._cache.append(b, self.head.context_kv(self.head.project_context(f[None]), p[None].to(dev)))
+            c = self.head.project_context(f[None])
+            self._cache.append(b, self.head.context_kv(c, p[None].to(dev)))
+            last.append(c[0, -1])
+        self._last_c = torch.stack(last)
         self._slot = {r: b for b, r in enumerate(rows)}
         # Next position per cache row (the pending token's), [A, B]; advanced over committed tokens as the adapter does.
         start = torch.stack([p[-1] for p in prompt_pos], dim=1) + 1  # [A, B]
@@ -516,6 +537,7 @@ class BlockDrafter(TrainableDrafter):
             keep = [self._slot[r] for r in ctx.rows]
             self._cache.select_rows(keep)
             self._stream.select_rows(torch.as_tensor(keep, dtype=torch.long))
+            self._last_c = self._last_c[torch.as_tensor(keep, dtype=torch.long, device=self._last_c.device)]
             self._slot = {r: b for b, r in enumerate(ctx.rows)}
         feats = self._ctx_features(ctx)  # [B, 1 + nodes, nH]: root, then tree nodes
         c = self.head.project_context(feats)
@@ -528,6 +550,7 @@ class BlockDrafter(TrainableDrafter):
             steps = torch.arange(len(idx), device=dev)
             pos = (self._stream.next_pos[:, slot].to(dev)[None, :] + steps[:, None])[None]  # [1, m, A]
             self._cache.append(slot, self.head.context_kv(c[b:b + 1, idx], pos))
+            self._last_c[slot] = c[b, idx[-1]]
             counts.append(len(idx))
         self._stream.advance(torch.as_tensor(counts, dtype=torch.long))
         self._paths = None
@@ -555,7 +578,11 @@ class BlockDrafter(TrainableDrafter):
             valid = self._cache.valid()[slots].to(dev)
             allowed = torch.cat([valid[:, None, :].expand(B, Bs, -1),
                                  torch.ones(B, Bs, Bs, dtype=torch.bool, device=dev)], dim=2)
-        logits, _ = self.head(tokens, is_mask, pos, kv, allowed)
+        anchor_ctx = None
+        if self.head.anchor_feature:
+            anchor_ctx = torch.zeros(B, Bs, self.head.hidden_size, dtype=self._last_c.dtype, device=dev)
+            anchor_ctx[:, 0] = self._last_c[slots.to(self._last_c.device)].to(dev)
+        logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx)
         return logits[:, 1:]
 
     def _sample(self, probs: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
@@ -693,7 +720,8 @@ def block_forward(head: BlockHead, batch: dict) -> tuple:
     pos = batch["positions"].to(dev)
     B, T = tok.shape
     N = anchors.shape[1]
-    context = head.context_kv(head.project_context(batch["features"].to(dev)), pos)
+    c = head.project_context(batch["features"].to(dev))
+    context = head.context_kv(c, pos)
     a = anchors.clamp(min=0)  # [B, N]
     offs = torch.arange(Bs, device=dev)
     block_tok = torch.zeros(B, N, Bs, dtype=torch.long, device=dev)
@@ -702,8 +730,14 @@ def block_forward(head: BlockHead, batch: dict) -> tuple:
     base = pos.gather(1, a[:, :, None].expand(-1, -1, pos.shape[-1]))  # [B, N, A]
     block_pos = base[:, :, None, :] + offs[None, None, :, None]
     allowed = block_training_mask(anchors, valid, Bs)
+    anchor_ctx = None
+    if head.anchor_feature:  # the state just before each block, at its committed token (anchors are >= 1)
+        before = c.gather(1, (a - 1).clamp(min=0)[:, :, None].expand(-1, -1, c.shape[-1]))  # [B, N, H]
+        anchor_ctx = torch.zeros(B, N, Bs, c.shape[-1], dtype=c.dtype, device=dev)
+        anchor_ctx[:, :, 0] = before
+        anchor_ctx = anchor_ctx.view(B, N * Bs, -1)
     logits, _ = head(block_tok.view(B, N * Bs), is_mask.reshape(B, N * Bs), block_pos.view(B, N * Bs, -1), context,
-                     allowed)
+                     allowed, anchor_ctx)
     logits = logits.view(B, N, Bs, -1)[:, :, 1:]  # drafted offsets 1..Bs-1
     tgt_idx = a[:, :, None] + offs[None, None, 1:] - 1  # labels[a + j - 1]
     ok = (anchors[:, :, None] >= 0) & (tgt_idx < T)

@@ -13,7 +13,9 @@ the same loss: the per-offset top-1 there is the acceptance to expect.
 
 Kind options (``--options '{"num_anchors": 16}'``), validated before any model loads and saved with the run:
 ``num_anchors`` (blocks per sequence, default 16), ``loss_decay`` (DFlash's gamma, default block_size / 2;
-0 for none), ``num_layers`` (head layers, default 2), ``num_kept_layers`` (target layers read, default 3).
+0 for none), ``num_layers`` (head layers, default 2), ``num_kept_layers`` (target layers read, default 3),
+``anchor_feature`` (default true: the block's committed token also reads the state just before it, EAGLE's
+input, see :class:`~mmspec.drafters.block.BlockHead`).
 The block holds ``--num-draft-tokens`` + 1 tokens.
 
 Example:
@@ -31,7 +33,7 @@ from mmspec.train import Trainer
 
 __all__ = ["GlanceTrainer", "glance_record", "OPTION_DEFAULTS"]
 
-OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_kept_layers": 3}
+OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_kept_layers": 3, "anchor_feature": True}
 """GLANCE's training options and their defaults (``loss_decay=None``: ``block_size / 2``)."""
 
 
@@ -90,6 +92,8 @@ class GlanceTrainer(Trainer):
             v = opts[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"glance option {k} must be a positive integer (got {v!r})")
+        if not isinstance(opts["anchor_feature"], bool):
+            raise InvalidInputError(f"glance option anchor_feature must be true or false (got {opts['anchor_feature']!r})")
         d = opts["loss_decay"]
         if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0):
             raise InvalidInputError(f"glance option loss_decay must be a number >= 0 (got {d!r})")
@@ -119,7 +123,8 @@ class GlanceTrainer(Trainer):
 
         opts = self.options(cfg)
         return GlanceDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
-                                         block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"])
+                                         block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"],
+                                         anchor_feature=opts["anchor_feature"])
 
     def record(self, cfg, model, inputs, layer_ids):
         return glance_record(model, inputs, layer_ids, cfg.max_new_tokens)
