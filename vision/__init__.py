@@ -25,5 +25,6 @@ register_workload(DocsWorkload)
 register_workload(ChartsWorkload)
 
 from . import glance  # noqa: E402  (registers the glance drafter and trainer; it imports the core only)
+from . import documents  # noqa: E402  (registers the parse-docs command)
 
 __all__ = ["load_image", "load_images", "VLMPipeline", "VLM_MODEL_TYPES", "DocsWorkload", "ChartsWorkload"]
