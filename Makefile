@@ -23,7 +23,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -e '.[dev]' $(PINS)
+	$(PY) -m pip install -e '.[dev,kernels]' $(PINS)
 	touch $@
 
 clean-venv:

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import UnsupportedModelError
+from .kernels.hf import TREE_ATTENTION, TREE_KWARG, TreeMetadata
 from .positions import StreamPositions, prefill_position_ids
 from .tree import DraftTree
 
-__all__ = ["TargetAdapter", "TargetState", "ScoreOutput", "pack_trees"]
+__all__ = ["TargetAdapter", "TargetState", "ScoreOutput", "PackedTrees", "pack_trees"]
 
 # Per-token type inputs that generate keeps extending while decoding.
 _TYPE_ID_KEYS = ("token_type_ids", "mm_token_type_ids")
@@ -71,18 +72,67 @@ class ScoreOutput:
     hidden_states: dict
 
 
-def pack_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+class PackedTrees:
+    """A batch of trees in the one padded layout a verify pass consumes (built by :func:`pack_trees`).
+
+    Attributes:
+        tokens: ``int64[B, N]`` node tokens, rows padded to the longest tree.
+        offsets: ``int64[B, 1 + N]`` depth of each query (the root, column 0, is 0; padding nodes 1).
+        parents: ``int64[B, 1 + N]`` parent of each query in the same indexing: ``-1`` for the root, ``0``
+            for its children, ``1 + p`` for a child of node ``p``; padding nodes hang off the root. The tree
+            attention kernel reads visibility from it.
+        n_nodes: ``int64[B]`` nodes per row.
+        tree_mask: ``bool[B, 1 + N, 1 + N]`` ancestor-or-self (root column always visible), built on first
+            use (the dense-mask path); padding nodes see only the root and themselves.
+
+    It unpacks as ``tokens, offsets, tree_mask, n_nodes``.
+    """
+
+    def __init__(self, trees, tokens, offsets, parents, n_nodes):
+        self._trees = trees
+        self.tokens, self.offsets, self.parents, self.n_nodes = tokens, offsets, parents, n_nodes
+        self._mask = None
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest node's depth (0 when every tree is empty)."""
+        return max((t.max_depth for t in self._trees), default=0)
+
+    @property
+    def tree_mask(self) -> torch.Tensor:
+        if self._mask is None:
+            import numpy as np
+
+            b, q = self.offsets.shape
+            mask = np.zeros((b, q, q), dtype=bool)
+            mask[:, :, 0] = True
+            idx = np.arange(q)
+            mask[:, idx, idx] = True
+            for r, t in enumerate(self._trees):
+                if len(t):
+                    mask[r, 1 : 1 + len(t), 1 : 1 + len(t)] = t.ancestor_mask()
+            self._mask = torch.from_numpy(mask)
+        return self._mask
+
+    def __iter__(self):
+        return iter((self.tokens, self.offsets, self.tree_mask, self.n_nodes))
+
+
+def pack_trees(trees: list[DraftTree]) -> PackedTrees:
     """Pad a batch of trees into the ragged-to-dense layout one verify pass consumes.
 
-    Returns ``tokens[B, N]``, ``offsets[B, 1 + N]`` (depth; the root is 0), ``tree_mask[B, 1+N, 1+N]``
-    (ancestor-or-self, root column always visible) and ``n_nodes[B]``. Padding nodes see only the root and
-    themselves, and are never accepted.
+    Returns a :class:`PackedTrees`: ``tokens[B, N]``, ``offsets[B, 1 + N]`` (depth; the root is 0),
+    ``parents[B, 1 + N]`` and ``n_nodes[B]``, plus the dense ``tree_mask[B, 1+N, 1+N]`` (ancestor-or-self,
+    root column always visible) on demand. Padding nodes see only the root and themselves, and are never
+    accepted.
 
     Example:
         >>> from mmspec.tree import DraftTree
         >>> toks, offs, mask, n = pack_trees([DraftTree.from_chain([4, 5]), DraftTree.from_chain([6])])
         >>> toks.tolist(), offs.tolist(), n.tolist()
         ([[4, 5], [6, 0]], [[0, 1, 2], [0, 1, 1]], [2, 1])
+        >>> pack_trees([DraftTree.from_sequences([[4, 5], [6]])]).parents.tolist()
+        [[-1, 0, 0, 1]]
     """
     import numpy as np
 
@@ -90,10 +140,8 @@ def pack_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, torc
     n = max((len(t) for t in trees), default=0)
     tokens = np.zeros((b, n), np.int64)
     offsets = np.zeros((b, 1 + n), np.int64)
-    mask = np.zeros((b, 1 + n, 1 + n), dtype=bool)
-    mask[:, :, 0] = True
-    idx = np.arange(1 + n)
-    mask[:, idx, idx] = True
+    parents = np.zeros((b, 1 + n), np.int64)
+    parents[:, 0] = -1
     counts = np.zeros(b, np.int64)
     for r, t in enumerate(trees):
         k = len(t)
@@ -101,9 +149,10 @@ def pack_trees(trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor, torc
         if k:
             tokens[r, :k] = t.tokens
             offsets[r, 1 : 1 + k] = t.depth
-            mask[r, 1 : 1 + k, 1 : 1 + k] = t.ancestor_mask()
+            parents[r, 1 : 1 + k] = t.parents + 1
         offsets[r, 1 + k :] = 1
-    return (torch.from_numpy(tokens), torch.from_numpy(offsets), torch.from_numpy(mask), torch.from_numpy(counts))
+    return PackedTrees(list(trees), torch.from_numpy(tokens), torch.from_numpy(offsets), torch.from_numpy(parents),
+                       torch.from_numpy(counts))
 
 
 # Architectures the test-suite proves lossless (named in every "unsupported model" message).
@@ -135,10 +184,14 @@ class TargetAdapter:
         self.hidden_layers = tuple(hidden_layers)
         self.device = model.device
         impl = model.config.get_text_config(decoder=True)._attn_implementation
-        if impl not in ("eager", "sdpa"):
+        if impl not in ("eager", "sdpa", TREE_ATTENTION):
             raise UnsupportedModelError(
-                f"attention implementation {impl!r} cannot take a tree mask; load the model with attn_implementation='sdpa'")
-        self._bool_mask = impl == "sdpa"
+                f"attention implementation {impl!r} cannot take a tree mask; load the model with "
+                f"attn_implementation='sdpa' (or {TREE_ATTENTION!r}, mmspec.kernels' tree attention)")
+        self._bool_mask = impl != "eager"
+        # With mmspec.kernels' tree attention, verify passes hand the parent arrays to the attention calls
+        # instead of a dense [Q, L + Q] mask (Triton on CUDA, its plain-torch reference elsewhere).
+        self._tree_kernel = impl == TREE_ATTENTION
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -212,20 +265,25 @@ class TargetAdapter:
     def score(self, state: TargetState, trees: list[DraftTree]) -> tuple[ScoreOutput, tuple]:
         """One target pass over every row's ``[pending] + tree``.
 
-        Returns the scores and the packed layout (from :func:`pack_trees`) that :meth:`commit` needs.
+        Returns the scores and the packed layout (a :class:`PackedTrees`, from :func:`pack_trees`).
         """
-        tokens, offsets, tree_mask, n_nodes = pack_trees(trees)
+        packed = pack_trees(trees)
+        offsets = packed.offsets
         dev = self.device
         b = state.pending.shape[0]
         q = offsets.shape[1]
-        input_ids = torch.cat([state.pending[:, None], tokens.to(dev)], dim=1)
-        full = torch.cat([state.valid[:, None, :].expand(b, q, -1), tree_mask.to(dev)], dim=2)[:, None]
-        if self._bool_mask:
-            mask = full
-        else:
-            dtype = self.model.dtype
-            mask = torch.zeros(full.shape, dtype=dtype, device=dev).masked_fill_(~full, torch.finfo(dtype).min)
+        input_ids = torch.cat([state.pending[:, None], packed.tokens.to(dev)], dim=1)
         kwargs = {k: v.expand(b, q) for k, v in state.new_type_ids.items()}
+        if self._tree_kernel:
+            kwargs[TREE_KWARG] = TreeMetadata(state.valid, packed.parents.to(dev), packed.max_depth)
+            mask = state.valid[:, None, None, :]  # 4-D, so transformers passes it through and builds no mask
+        else:
+            full = torch.cat([state.valid[:, None, :].expand(b, q, -1), packed.tree_mask.to(dev)], dim=2)[:, None]
+            if self._bool_mask:
+                mask = full
+            else:
+                dtype = self.model.dtype
+                mask = torch.zeros(full.shape, dtype=dtype, device=dev).masked_fill_(~full, torch.finfo(dtype).min)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -236,7 +294,7 @@ class TargetAdapter:
             output_hidden_states=bool(self.hidden_layers),
             **kwargs,
         )
-        return ScoreOutput(out.logits.float(), self._pick_hidden(out)), (tokens, offsets, tree_mask, n_nodes)
+        return ScoreOutput(out.logits.float(), self._pick_hidden(out)), packed
 
     # ------------------------------------------------------------------ commit
     @torch.no_grad()
