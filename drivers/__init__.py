@@ -1,5 +1,6 @@
-"""mmspec.drivers: the driving world, its workload and the driving VLA's pipeline (FlashDrive's streaming KV
-reuse and reasoning drafter come with the driving issues).
+"""mmspec.drivers: the driving world, its workload, the driving VLA's pipeline with FlashDrive's streaming reuse,
+step caching and system level (:mod:`mmspec.drivers.flashdrive`; the reasoning drafter comes later), and
+``mmspec drive-sim`` (:func:`mmspec.drivers.bench.drive_sim`).
 
 Importing this package registers the ``driving`` workload (:mod:`mmspec.drivers.workload`) and
 :class:`DrivingPipeline` for the ``driving`` task (so ``MMSpecPipeline.from_pretrained`` returns one for a
@@ -15,13 +16,16 @@ Example:
     'driving'
 """
 
-from mmspec.registry import register_pipeline
+from mmspec.registry import register_command, register_pipeline
 from mmspec.workloads import register_workload
 
+from .bench import _sim_arguments, _sim_run
 from .pipeline import DrivingPipeline
 from .workload import DrivingWorkload
 
 register_workload(DrivingWorkload)
 register_pipeline(DrivingPipeline.task, DrivingPipeline, model_types=DrivingPipeline.model_types)
+register_command("drive-sim", "the driving-simulation latency loop: open-loop clip replay and closed loop at 10 Hz, "
+                 "plain vs FlashDrive", _sim_arguments, _sim_run)
 
 __all__ = ["DrivingWorkload", "DrivingPipeline"]

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+import torch
+
 from mmspec.bench import plain_record
 from mmspec.checkpoints import dtype_note, resolve_dtype
 
@@ -50,3 +53,226 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
     note += "; " + (dtype_note(cfg.dtype, model, device) or "run in its stored dtype")
     return [plain_record("driving", 1, len(examples), [t / 1e3 for t in stages["total"]], tokens, stages,
                          summarize_scores(scores), note, dtype=vla.backbone.dtype)]
+
+
+# ---------------------------------------------------------------------------- mmspec drive-sim
+SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False},
+               "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
+               "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system",
+               "flashdrive": True}
+"""The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
+mechanism off: a control for the mechanisms measured alone), each mechanism alone, and ``flashdrive`` (all)."""
+
+
+def stage_record(system: str, stages: dict, quality: dict, note: str, dtype, exact: bool, budget_ms: float,
+                 tokens: int) -> dict:
+    """A drive-sim record in the bench's schema: :func:`mmspec.bench.plain_record`'s fields, with ``system``,
+    ``latency_ms`` holding per-stage *medians* (``total`` its median, ``p50`` / ``p90`` of total), ``hz`` (1000 /
+    median total), ``realtime`` (p90 within ``budget_ms``), ``budget_ms`` and ``exact``.
+
+    Example:
+        >>> r = stage_record("plain", {"total": [90.0, 110.0, 100.0]}, {}, "", None, True, 100.0, 3)
+        >>> r["system"], r["latency_ms"]["total"], r["hz"], r["realtime"]
+        ('plain', 100.0, 10.0, False)
+    """
+    import statistics
+
+    totals = stages.get("total") or []
+    rec = plain_record("driving", 1, len(totals), [t / 1e3 for t in totals], tokens, {}, quality, note, dtype=dtype)
+    lat = {k: float(statistics.median(v)) for k, v in stages.items() if v}
+    if totals:
+        qs = torch.tensor(totals, dtype=torch.float64)
+        lat["p50"], lat["p90"] = float(qs.quantile(0.5)), float(qs.quantile(0.9))
+    med = lat.get("total")
+    rec.update(system=system, spec=system, kind="plain" if system == "plain" else "flashdrive", latency_ms=lat,
+               hz=(1e3 / med) if med else None, budget_ms=float(budget_ms),
+               realtime=bool(totals) and lat["p90"] <= budget_ms, exact=bool(exact), lossless=bool(exact))
+    return rec
+
+
+def _ade(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a) - np.asarray(b), axis=-1).mean())
+
+
+def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks: int = 8, warmup: int = 3,
+              closed: int = 2, seconds: float = 6.0, budget_ms: float = 100.0, samples: int = 6, seed: int = 0,
+              dtype="float32", clips_dir: str | None = None, progress: bool = True) -> list[dict]:
+    """``mmspec drive-sim``: the driving-simulation latency loop, one record per system.
+
+    **Open loop**: ``clips`` clips (the expert's drives of test scenarios, all kinds in turn) are written as video
+    files (PyAV) and read back with decord; every system replays each clip tick by tick (``ticks`` timed ticks after
+    ``warmup`` untimed ones, in order, streaming state reset between clips), the systems interleaved tick by tick
+    with the same flow-matching noise (paired). Each tick scores minADE (the first sample, and the best of
+    ``samples``) against the expert's future, and, against plain on the same tick, whether the reasoning is identical,
+    the largest first-token logit difference and the trajectory's ADE to plain's (``vs_plain``).
+    **Closed loop**: each system drives ``closed`` scenarios for ``seconds`` (the expert hands over at 2 s), planning
+    every tick (10 Hz); collision, off-road and red-light rates. Latency (per stage: median; ``p50`` / ``p90``) pools
+    the timed open-loop ticks and every closed-loop plan.
+
+    Example:
+        >>> recs = drive_sim("drivers/assets/driving-vla", ("plain", "flashdrive"), clips=1, ticks=2)  # doctest: +SKIP
+        >>> [r["system"] for r in recs]                                                            # doctest: +SKIP
+        ['plain', 'flashdrive']
+    """
+    import os
+    import tempfile
+
+    from tqdm.auto import tqdm
+
+    from mmspec.errors import InvalidInputError
+
+    from .clips import FUTURE_TICKS, HISTORY_TICKS, load_clip, sample_at, write_clip
+    from .flashdrive import FlashDriveConfig
+    from .train_vla import model_policy
+    from .world import DT, INCIDENTS, SCENARIO_KINDS, safety_events, scenario_for, simulate
+
+    unknown = [s for s in systems if s not in SIM_SYSTEMS]
+    if unknown or not systems:
+        raise InvalidInputError(f"unknown systems {unknown}; drive-sim knows {list(SIM_SYSTEMS)}")
+    if min(clips, closed) < 0 or ticks < 1 or warmup < 0 or samples < 1 or (clips == 0 and closed == 0):
+        raise InvalidInputError("drive-sim needs clips >= 0, closed >= 0 (not both 0), ticks >= 1, warmup >= 0, "
+                                "samples >= 1")
+    if closed and seconds <= 2.0 + DT:
+        raise InvalidInputError(f"a closed-loop drive of {seconds} s ends before the hand-over at 2 s")
+    vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(dtype, model, "cpu"))
+    pipes = {s: DrivingPipeline(vla, flashdrive=SIM_SYSTEMS[s]) for s in systems}
+    configs = {s: FlashDriveConfig.parse(SIM_SYSTEMS[s]) for s in systems}
+    stages = {s: {k: [] for k in STAGES} for s in systems}
+    per = {s: {"ade_1": [], "ade_k": [], "same_text": [], "logit_diff": [], "ade_vs_plain": [], "tokens": 0,
+               "head_calls": [], "stream_reuse": 0, "ticks": 0} for s in systems}
+    first = HISTORY_TICKS
+    need_s = (first + warmup + ticks + FUTURE_TICKS + 1) * DT
+    clips_dir = clips_dir or os.path.join(tempfile.gettempdir(), "mmspec-drive-sim-clips")
+    total_steps = clips * (warmup + ticks) + closed * int(round((seconds - 2.0) / DT))
+    bar = tqdm(total=total_steps * len(systems), desc="drive-sim", file=sys.stderr, disable=not progress)
+
+    def record(s, res, timed):
+        per[s]["ticks"] += 1
+        per[s]["stream_reuse"] += res.get("stream") == "reuse"
+        if timed:
+            for k in STAGES:
+                stages[s][k].append(res["timings_ms"][k])
+            per[s]["tokens"] += res["num_decode_tokens"]
+            if "head_calls" in res:
+                per[s]["head_calls"].append(res["head_calls"])
+
+    for c in range(clips):
+        prefix = write_clip(clips_dir, "test", 30_000 + c, seconds=need_s, seed=seed,
+                            kind=SCENARIO_KINDS[c % len(SCENARIO_KINDS)])
+        clip = load_clip(prefix)
+        for p in pipes.values():
+            p.reset()
+        for j in range(warmup + ticks):
+            k = first + j
+            smp = sample_at(clip, k)
+            outs = {}
+            for s, p in pipes.items():
+                res = p.step(smp["frames"]["front"], smp["history"], smp["speed"], num_samples=samples,
+                             seed=seed + 1000 * c + k, tick=k)
+                outs[s] = res
+                record(s, res, j >= warmup)
+                if j >= warmup:
+                    per[s]["ade_1"].append(_ade(res["trajectories"][0], smp["future"]))
+                    per[s]["ade_k"].append(min(_ade(t, smp["future"]) for t in res["trajectories"]))
+                bar.update(1)
+            ref = outs.get("plain")
+            if ref is not None and j >= warmup:
+                for s, res in outs.items():
+                    per[s]["same_text"].append(res["reasoning"] == ref["reasoning"])
+                    per[s]["logit_diff"].append(float((res["first_logits"] - ref["first_logits"]).abs().max()))
+                    per[s]["ade_vs_plain"].append(_ade(res["trajectory"], ref["trajectory"]))
+    events = {s: {k: 0 for k in INCIDENTS} for s in systems}
+    for i in range(closed):
+        scn = scenario_for("test", 10_000 + i, seed, SCENARIO_KINDS[i % len(SCENARIO_KINDS)])
+        for s, p in pipes.items():
+            def on_plan(k, res, s=s):
+                record(s, res, True)
+                bar.update(1)
+
+            sim = simulate(scn, seconds, model_policy(p, handover_tick=20, replan_every=1, seed=seed, on_plan=on_plan))
+            ev = safety_events(sim, 20)
+            for k in INCIDENTS:
+                events[s][k] += int(ev[k])
+    bar.close()
+    records = []
+    for s in systems:
+        d = per[s]
+        quality = {"min_ade": float(np.mean(d["ade_1"])) if d["ade_1"] else None,
+                   "min_ade_6" if samples == 6 else f"min_ade_{samples}":
+                       float(np.mean(d["ade_k"])) if d["ade_k"] else None,
+                   **{f"{k}_rate": (events[s][k] / closed if closed else None) for k in INCIDENTS},
+                   **{f"{k}_count": events[s][k] for k in INCIDENTS},
+                   "n_scenarios": closed, "n_clips": clips, "n_open_loop_ticks": len(d["ade_1"])}
+        if d["same_text"]:
+            quality["vs_plain"] = {"reasoning_identical_rate": float(np.mean(d["same_text"])),
+                                   "max_first_logit_diff": float(np.max(d["logit_diff"])),
+                                   "mean_trajectory_ade_m": float(np.mean(d["ade_vs_plain"]))}
+        if d["head_calls"]:
+            quality["mean_head_calls"] = float(np.mean(d["head_calls"]))
+        if configs[s] is not None and configs[s].stream:
+            quality["stream_reuse_rate"] = d["stream_reuse"] / max(1, d["ticks"])
+        cfg = configs[s]
+        note = ("plain DrivingPipeline (generate)" if cfg is None else
+                f"FlashDrive engine: {pipes[s].engine.describe() or 'no mechanism (control)'}")
+        note += (f"; batch 1, {samples} trajectory samples per tick (one timed); {warmup} warm-up ticks per clip "
+                 "untimed; closed loop plans every tick (10 Hz)")
+        records.append(stage_record(s, stages[s], quality, note, vla.backbone.dtype, cfg is None or cfg.exact,
+                                    budget_ms, d["tokens"]))
+    return records
+
+
+def _sim_arguments(p) -> None:
+    p.add_argument("--model", default=None, help="driving VLA folder (default: the bundled one)")
+    p.add_argument("--systems", default="plain,flashdrive",
+                   help=f"comma list of {', '.join(SIM_SYSTEMS)}, or 'all' (default: plain,flashdrive)")
+    p.add_argument("--clips", type=int, default=2, help="open-loop clips (default 2)")
+    p.add_argument("--ticks", type=int, default=8, help="timed ticks per clip, after the warm-up (default 8)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up ticks per clip (default 3)")
+    p.add_argument("--closed-loop", type=int, default=2, dest="closed", help="closed-loop scenarios (default 2)")
+    p.add_argument("--seconds", type=float, default=6.0, help="closed-loop drive length in s (default 6)")
+    p.add_argument("--budget-ms", type=float, default=100.0, help="real-time budget per tick (default 100: 10 Hz)")
+    p.add_argument("--samples", type=int, default=6, help="trajectory samples per tick for minADE (default 6)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or auto")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clips-dir", default=None, help="where clip videos are written and reused")
+    p.add_argument("--json", default=None, help='write {"results": [...]} here')
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def _sim_run(args) -> int:
+    import json
+
+    from mmspec.errors import InvalidInputError
+
+    from .train_vla import bundled_vla
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = args.model or bundled_vla()
+    if model is None:
+        raise InvalidInputError("no driving VLA bundled with this install: pass --model PATH")
+    systems = list(SIM_SYSTEMS) if args.systems == "all" else [s.strip() for s in args.systems.split(",") if s.strip()]
+    recs = drive_sim(model, systems, args.clips, args.ticks, args.warmup, args.closed, args.seconds, args.budget_ms,
+                     args.samples, args.seed, args.dtype, args.clips_dir, progress=not args.no_progress)
+    base = next((r for r in recs if r["system"] == "plain"), None)
+    print(f"{'system':16s} {'pre':>5s} {'enc':>5s} {'fill':>5s} {'dec':>6s} {'act':>6s} {'total':>6s} {'p90':>6s} "
+          f"{'Hz':>5s} {'x plain':>7s} {'RT':>3s} {'minADE':>6s} {'ADE_6':>6s} {'coll':>4s} {'off':>4s} {'red':>4s} exact")
+    for r in recs:
+        lat, q = r["latency_ms"], r["quality"]
+        ratio = base["latency_ms"]["total"] / lat["total"] if base and lat.get("total") else None
+        k6 = next((v for k, v in q.items() if k.startswith("min_ade_")), None)
+        print(f"{r['system']:16s} {_fmt(lat.get('preprocess')):>5s} {_fmt(lat.get('encode')):>5s} "
+              f"{_fmt(lat.get('prefill')):>5s} {_fmt(lat.get('decode')):>6s} {_fmt(lat.get('action')):>6s} "
+              f"{_fmt(lat.get('total')):>6s} {_fmt(lat.get('p90')):>6s} {_fmt(r['hz'], '.2f'):>5s} "
+              f"{_fmt(ratio, '.2f'):>7s} {'yes' if r['realtime'] else 'no':>3s} {_fmt(q['min_ade'], '.3f'):>6s} "
+              f"{_fmt(k6, '.3f'):>6s} {q['collision_count']:>4d} {q['offroad_count']:>4d} {q['red_light_count']:>4d} "
+              f"{r['exact']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": recs}, f, indent=1, default=float)
+    return 0

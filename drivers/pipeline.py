@@ -34,7 +34,7 @@ from .world import CAMERAS
 
 __all__ = ["DrivingPipeline", "STAGES", "MAX_SPEED_MPS"]
 
-STAGES = ("encode", "prefill", "decode", "action", "total")
+STAGES = ("preprocess", "encode", "prefill", "decode", "action", "total")
 MAX_SPEED_MPS = 70.0
 """The fastest ego speed a request may state (252 km/h): above any road car's cruise, far above the world's
 expert (~15 m/s), so only nonsense (1e6, a km/h figure times ten) is refused."""
@@ -56,6 +56,12 @@ class DrivingPipeline(MMSpecPipeline):
         cameras: camera names the frames come from (in order, each with the same number of frames); default
             the cameras the model was trained on.
         max_reasoning_tokens: cap on the reasoning length.
+        flashdrive: FlashDrive's mechanisms (:mod:`mmspec.drivers.flashdrive`): ``True`` for all four, a comma
+            list (``"stream"``, ``"vision_cache,system"``, ``"step_cache"``...), a dict of
+            :class:`~mmspec.drivers.flashdrive.FlashDriveConfig` fields or a config; ``None`` (default) is the
+            plain pipeline (``generate``). With streaming, pass ``tick=`` to :meth:`step` and call :meth:`reset`
+            between clips (a tick that does not continue the stream resets it, or raises under
+            ``on_break="error"``).
 
     Example:
         >>> pipe = DrivingPipeline.from_pretrained("drivers/assets/driving-vla")      # doctest: +SKIP
@@ -66,7 +72,7 @@ class DrivingPipeline(MMSpecPipeline):
     task = "driving"
     model_types = ()  # a driving VLA's backbone is a qwen2_vl: it is recognised by its config's mmspec_task
 
-    def __init__(self, vla, cameras=None, max_reasoning_tokens: int = 40):
+    def __init__(self, vla, cameras=None, max_reasoning_tokens: int = 40, flashdrive=None):
         super().__init__(vla.backbone, vla.processor, drafter=None)
         config = vla.backbone.config
         trained = tuple(getattr(config, TRAINED_CAMERAS, None) or ("front",))
@@ -81,6 +87,21 @@ class DrivingPipeline(MMSpecPipeline):
                 or max_reasoning_tokens <= 0:
             raise InvalidInputError(f"max_reasoning_tokens must be a positive integer (got {max_reasoning_tokens!r})")
         self.vla, self.cameras, self.max_reasoning_tokens = vla, cameras, max_reasoning_tokens
+        self.trained_cameras = trained
+        from .flashdrive import FlashDriveConfig, FlashDriveEngine
+
+        self.flashdrive = FlashDriveConfig.parse(flashdrive)
+        self.engine = None if self.flashdrive is None else FlashDriveEngine(vla, self.flashdrive,
+                                                                            max_reasoning_tokens)
+
+    def reset(self) -> None:
+        """Forget the streaming state (a new clip starts); a no-op for the plain pipeline.
+
+        Example:
+            >>> pipe.reset()                                                           # doctest: +SKIP
+        """
+        if self.engine is not None:
+            self.engine.reset()
 
     def __call__(self, frames=None, ego_history=None, speed=None, **kwargs) -> dict:
         """``pipe(frames, ego_history, speed)`` is :meth:`step` (the one call of every pipeline).
@@ -101,26 +122,29 @@ class DrivingPipeline(MMSpecPipeline):
         if drafter is not None:
             raise InvalidInputError("the driving pipeline has no speculative drafter yet (FlashDrive's comes with "
                                     "the driving issues); load it without drafter=")
+        flashdrive = kw.pop("flashdrive", None)
         if kw:
-            raise InvalidInputError(f"the driving pipeline takes no further loading arguments (got {sorted(kw)})")
+            raise InvalidInputError(f"the driving pipeline takes no further loading arguments but flashdrive= "
+                                    f"(got {sorted(kw)})")
         vla = DrivingVLA.from_pretrained(target, dtype="auto" if dtype is None else dtype)
         if device_map is not None:
             if not isinstance(device_map, (str, torch.device)) or str(device_map) == "auto":
                 raise InvalidInputError(f"the driving VLA runs on one device: pass device_map='cpu', 'cuda', "
                                         f"'cuda:1'... (got {device_map!r})")
             vla.to(torch.device(device_map))
-        return cls(vla)
+        return cls(vla, flashdrive=flashdrive)
 
-    def _frames(self, frames) -> list:
+    def _frames(self, frames, cameras=None) -> list:
         """The frames as RGB PIL images through the shared loader, as many as the model was trained on."""
         from mmspec.vision import load_image
 
         if not isinstance(frames, (list, tuple)):
             raise InvalidInputError(f"frames must be a list of frames (per camera, oldest first), not "
                                     f"{type(frames).__name__}")
-        need = self.frames_per_camera * len(self.cameras)
+        cameras = self.cameras if cameras is None else cameras
+        need = self.frames_per_camera * len(cameras)
         if len(frames) != need:
-            raise InvalidInputError(f"{len(frames)} frames for cameras {list(self.cameras)}: the model was trained on "
+            raise InvalidInputError(f"{len(frames)} frames for cameras {list(cameras)}: the model was trained on "
                                     f"{self.frames_per_camera} frames per camera ({need} in all, oldest first)")
         images = []
         for i, f in enumerate(frames):
@@ -155,28 +179,56 @@ class DrivingPipeline(MMSpecPipeline):
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
+    def _cameras(self, cameras) -> tuple:
+        if cameras is None:
+            return self.cameras
+        cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+        bad = [c for c in cameras if c not in self.trained_cameras]
+        if bad or not cameras:
+            raise InvalidInputError(f"cameras {list(cameras)}: this model was trained on cameras "
+                                    f"{list(self.trained_cameras)}")
+        return cameras
+
     @torch.no_grad()
-    def step(self, frames, ego_history, speed: float, num_samples: int = 1, seed: int = 0) -> dict:
+    def step(self, frames, ego_history, speed: float, num_samples: int = 1, seed: int = 0, tick=None,
+             cameras=None) -> dict:
         """One tick. ``frames``: PIL images or arrays (per camera, oldest first); ``ego_history[16, 3]``
-        (x, y, yaw in the current ego frame); ``speed`` in m/s. Returns ``reasoning``, ``trajectory[64, 2]``
-        (the first sample), ``trajectories[num_samples, 64, 2]``, ``actions`` and ``timings_ms``.
+        (x, y, yaw in the current ego frame); ``speed`` in m/s; ``tick`` the tick index in the clip (what
+        FlashDrive's streaming checks continuity by); ``cameras`` this tick's cameras (default the pipeline's).
+        Returns ``reasoning``, ``trajectory[64, 2]`` (the first sample), ``trajectories[num_samples, 64, 2]``,
+        ``actions``, ``num_decode_tokens`` and ``timings_ms`` (``preprocess``, ``encode``, ``prefill``,
+        ``decode``, ``action``, ``total``: one trajectory, as a car executes; further samples for minADE are
+        drawn after the clock stops); with ``flashdrive`` also ``stream`` (``"reuse"`` or why a full prefill ran)
+        and ``head_calls``.
 
         Frames may be paths, PIL images or arrays (uint8, or floats in ``[0, 1]``), read by the same loader as
         the VLM pipeline's images. Raises :class:`~mmspec.InvalidInputError` (before the model runs) on a
         frame count other than the trained one, an ego history that is not ``[16, 3]`` and finite, a speed
-        that is not a finite number in ``[0, MAX_SPEED_MPS]``, or a bad ``num_samples`` / ``seed``."""
-        from mmspec.vision.testbed import make_batch
+        that is not a finite number in ``[0, MAX_SPEED_MPS]``, a bad ``num_samples`` / ``seed`` / ``tick``, or
+        (streaming with ``on_break="error"``) a tick that does not continue the stream."""
+        from mmspec.vision.testbed import _chat_prompts, make_batch
         from mmspec.workloads import Example
 
-        images = self._frames(frames)
+        cameras = self._cameras(cameras)
+        images = self._frames(frames, cameras)
         hist, speed = self._history(ego_history), self._speed(speed)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InvalidInputError(f"num_samples must be a positive integer (got {num_samples!r})")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise InvalidInputError(f"seed must be an integer (got {seed!r})")
-        prompt = driving_prompt(self.cameras, self.frames_per_camera, hist, speed)
+        if tick is not None and (isinstance(tick, bool) or not isinstance(tick, (int, np.integer))):
+            raise InvalidInputError(f"tick must be an integer tick index (got {tick!r})")
+        prompt = driving_prompt(cameras, self.frames_per_camera, hist, speed)
+        example = Example(id="", prompt=prompt, target="", images=images)
+        if self.engine is not None:
+            t0 = time.perf_counter()
+            res = self.engine.step(images, _chat_prompts(self.vla.processor, [example])[0], cameras, speed,
+                                   tick=tick, num_samples=num_samples, seed=seed, t0=t0)
+            trajs = integrate_actions(res["actions"], np.full(num_samples, float(speed)))
+            return {**res, "trajectory": trajs[0], "trajectories": trajs}
         backbone, proc = self.vla.backbone, self.vla.processor
-        inputs = make_batch(proc, [Example(id="", prompt=prompt, target="", images=images)], train=False)
+        t0 = time.perf_counter()
+        inputs = make_batch(proc, [example], train=False)
         inputs = {k: v.to(backbone.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         # transformers 5 encodes the images before the first forward (generate's mm_encoder_outputs); older
         # versions inside it: encode time nested in a forward is taken out of that forward's prefill.
@@ -205,10 +257,10 @@ class DrivingPipeline(MMSpecPipeline):
         hooks = [backbone.model.visual.register_forward_pre_hook(pre_visual),
                  backbone.model.visual.register_forward_hook(post_visual),
                  backbone.register_forward_pre_hook(pre_model), backbone.register_forward_hook(post_model)]
-        t0 = time.perf_counter()
+        t_pre = time.perf_counter()
         try:
             out = backbone.generate(**inputs, max_new_tokens=self.max_reasoning_tokens, do_sample=False,
-                                    return_dict_in_generate=True)
+                                    return_dict_in_generate=True, output_logits=True)
         finally:
             for h in hooks:
                 h.remove()
@@ -219,14 +271,18 @@ class DrivingPipeline(MMSpecPipeline):
         start = L + backbone.model.rope_deltas.view(-1)[:1].to(torch.long)
         valid = torch.ones(1, L, dtype=torch.bool, device=backbone.device)
         gen = torch.Generator(device=backbone.device).manual_seed(int(seed))
-        acts = torch.cat([self.vla.expert.sample(cache, start, valid, generator=gen) for _ in range(num_samples)])
+        acts = [self.vla.expert.sample(cache, start, valid, generator=gen)]
         self._sync()
         t_end = time.perf_counter()
+        # Further samples (minADE over K) after the clock stops: a car executes one trajectory.
+        acts += [self.vla.expert.sample(cache, start, valid, generator=gen) for _ in range(num_samples - 1)]
+        acts = torch.cat(acts)
         new = out.sequences[0, inputs["input_ids"].shape[1]:]
         text = proc.tokenizer.decode(new, skip_special_tokens=True)
-        trajs = integrate_actions(acts.cpu().numpy(), np.full(num_samples, float(speed)))
+        trajs = integrate_actions(acts.float().cpu().numpy(), np.full(num_samples, float(speed)))
         prefill = times["model"][0] - times["nested"] if times["model"] else 0.0
-        timings = {"encode": times["encode"], "prefill": prefill, "decode": sum(times["model"][1:]),
-                   "action": t_end - t_gen, "total": t_end - t0}
-        return {"reasoning": text, "trajectory": trajs[0], "trajectories": trajs, "actions": acts.cpu().numpy(),
-                "num_decode_tokens": int(len(new)), "timings_ms": {k: v * 1e3 for k, v in timings.items()}}
+        timings = {"preprocess": t_pre - t0, "encode": times["encode"], "prefill": prefill,
+                   "decode": sum(times["model"][1:]), "action": t_end - t_gen, "total": t_end - t0}
+        return {"reasoning": text, "trajectory": trajs[0], "trajectories": trajs, "actions": acts.float().cpu().numpy(),
+                "num_decode_tokens": int(len(new)), "timings_ms": {k: v * 1e3 for k, v in timings.items()},
+                "first_logits": out.logits[0][0].float().cpu()}

@@ -444,10 +444,12 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
                   "progress_m": t["progress_m"] / n} for who, t in totals.items()} | {"n": n, "model_by_kind": by_kind}
 
 
-def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int = 0):
+def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int = 0, on_plan=None):
     """A ``simulate`` policy in which ``pipe`` (a :class:`~mmspec.drivers.pipeline.DrivingPipeline`) drives: the
     expert before ``handover_tick`` (history for the model), then a plan from the current frames and ego history
-    every ``replan_every`` ticks, whose (accel, curvature) steps the ego executes.
+    every ``replan_every`` ticks (``1``: every tick, 10 Hz, as a real stack), whose (accel, curvature) steps the ego
+    executes. Each plan passes its tick index (a streaming pipeline checks continuity by it); ``on_plan(tick,
+    result)`` sees every plan (timings).
 
     Example:
         >>> from mmspec.drivers.pipeline import DrivingPipeline                      # doctest: +SKIP
@@ -460,16 +462,22 @@ def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int
     from .clips import ego_history
     from .world import render_frame
 
-    plan = {}
+    plan, frames = {}, {}
+    if hasattr(pipe, "reset"):
+        pipe.reset()  # a new drive: no streaming state from the last one
 
     def policy(sim, k):
         if k < handover_tick:
             return None
         if (k - handover_tick) % replan_every == 0:
-            frames = [render_frame(sim, t) for t in range(k - 3, k + 1)]
-            plan["actions"] = pipe.step(frames, ego_history(sim.ego, k), float(sim.ego[k][3]),
-                                        seed=seed + k)["actions"][0]
-            plan["start"] = k
+            for t in range(k - 3, k + 1):  # each tick's frame is rendered once (the window slides over them)
+                if t not in frames:
+                    frames[t] = render_frame(sim, t)
+            res = pipe.step([frames[t] for t in range(k - 3, k + 1)], ego_history(sim.ego, k), float(sim.ego[k][3]),
+                            seed=seed + k, tick=k)
+            plan["actions"], plan["start"] = res["actions"][0], k
+            if on_plan is not None:
+                on_plan(k, res)
         a = plan["actions"][k - plan["start"]]
         return float(a[0]), float(a[1])
 

@@ -32,10 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmspec.errors import InvalidInputError
+
 from .world import DT
 
 __all__ = ["TrajectoryExpert", "ACTION_MEAN", "ACTION_SCALE", "LEGACY_NORMALIZATION", "integrate_actions",
-           "time_embedding", "expert_attention_mask", "next_text_positions"]
+           "time_embedding", "expert_attention_mask", "next_text_positions", "StepCache"]
 
 # Per-dimension normalisation of (accel m/s^2, curvature 1/m): the expert driver's mean and standard deviation
 # over 60 train clips (-0.50 +- 1.02; 0.000 +- 0.0066). Flow matching starts from unit noise, so each action
@@ -132,21 +134,27 @@ class TrajectoryExpert(nn.Module):
         self.register_buffer("action_mean", torch.tensor(action_mean, dtype=torch.float32), persistent=False)
         self.register_buffer("action_scale", torch.tensor(action_scale, dtype=torch.float32), persistent=False)
 
-    def velocity(self, x_t, t, cache, position_start, prefix_valid):
+    def velocity(self, x_t, t, cache, position_start, prefix_valid, mask=None, positions=None, t_emb=None):
         """Flow velocity ``[B, N, 2]`` at ``x_t[B, N, 2]``, times ``t[B]``; ``cache`` (the backbone's
         ``DynamicCache``, left as it was on return), ``position_start[B]`` (the text position after the cached sequence, M-RoPE deltas
-        included), ``prefix_valid[B, L]`` (which cached positions are real tokens)."""
+        included), ``prefix_valid[B, L]`` (which cached positions are real tokens). ``mask``, ``positions``
+        (``[3, B, N]``) and ``t_emb`` (``[B, hidden]``) may be passed precomputed (they are fixed for a given
+        cache length, horizon and step: FlashDrive's system level builds them once per tick, not per call)."""
         B, N, _ = x_t.shape
-        emb = self.in_proj(torch.cat([x_t, time_embedding(t, self.hidden_size)[:, None].expand(B, N, -1).to(x_t.dtype)],
-                                     dim=-1))
-        pos = (position_start[:, None] + torch.arange(N, device=x_t.device)[None]).long()
-        mask = expert_attention_mask(prefix_valid, N, self.decoder.config._attn_implementation or "sdpa", emb.dtype)
+        if t_emb is None:
+            t_emb = time_embedding(t, self.hidden_size)
+        emb = self.in_proj(torch.cat([x_t, t_emb[:, None].expand(B, N, -1).to(x_t.dtype)], dim=-1))
+        if positions is None:
+            pos = (position_start[:, None] + torch.arange(N, device=x_t.device)[None]).long()
+            positions = pos[None].expand(3, B, N)
+        if mask is None:
+            mask = expert_attention_mask(prefix_valid, N, self.decoder.config._attn_implementation or "sdpa", emb.dtype)
         # Every call reads the same context: the layers' tensors are put back afterwards (not cropped, so no
         # autograd history of this call stays attached to the cache across training steps).
         saved = [(layer.keys, layer.values) for layer in cache.layers]
         try:
             out = self.decoder(inputs_embeds=emb, attention_mask={"full_attention": mask},
-                               position_ids=pos[None].expand(3, B, N), cache=cache, use_cache=True)
+                               position_ids=positions, cache=cache, use_cache=True)
         finally:
             for layer, (k, v) in zip(cache.layers, saved):
                 layer.keys, layer.values = k, v
@@ -162,13 +170,98 @@ class TrajectoryExpert(nn.Module):
 
     @torch.no_grad()
     def sample(self, cache, position_start, prefix_valid, num_steps: int | None = None, generator=None,
-               batch_size: int | None = None):
-        """Actions ``[B, N, 2]`` (accel, curvature) by Euler integration of the flow from noise."""
+               batch_size: int | None = None, step_cache: "StepCache | None" = None, precompute: bool = False,
+               stats: dict | None = None):
+        """Actions ``[B, N, 2]`` (accel, curvature) by Euler integration of the flow from noise.
+
+        ``step_cache`` (a :class:`StepCache`) reuses the last velocity on some steps instead of calling the
+        expert (FlashDrive's step caching); ``precompute`` builds the mask, positions and time embeddings once
+        for all steps; ``stats`` (a dict) gets ``head_calls`` and ``steps``."""
         steps = int(num_steps or self.num_steps)
         B = batch_size or position_start.shape[0]
         dev = self.out_proj.weight.device
         x = torch.randn(B, self.horizon, 2, generator=generator, device=dev)
+        ts = [torch.full((B,), i / steps, device=dev) for i in range(steps)]
+        fixed = {}
+        if precompute:
+            N = self.horizon
+            pos = (position_start[:, None] + torch.arange(N, device=dev)[None]).long()
+            fixed["positions"] = pos[None].expand(3, B, N)
+            fixed["mask"] = expert_attention_mask(prefix_valid, N, self.decoder.config._attn_implementation or "sdpa",
+                                                  self.out_proj.weight.dtype)
+        plan = step_cache.planner(steps) if step_cache is not None else None
+        v, calls = None, 0
         for i in range(steps):
-            t = torch.full((B,), i / steps, device=dev)
-            x = x + self.velocity(x, t, cache, position_start, prefix_valid) / steps
+            if plan is None or plan.compute(i):
+                t_emb = time_embedding(ts[i], self.hidden_size) if precompute else None
+                v = self.velocity(x, ts[i], cache, position_start, prefix_valid, t_emb=t_emb, **fixed)
+                calls += 1
+                if plan is not None:
+                    plan.observe(i, v)
+            x = x + v / steps
+        if stats is not None:
+            stats["head_calls"] = stats.get("head_calls", 0) + calls
+            stats["steps"] = stats.get("steps", 0) + steps
         return x * self.action_scale + self.action_mean
+
+
+class StepCache:
+    """Which Euler steps of the flow-matching head reuse the last velocity instead of calling the expert.
+
+    ``mode="adaptive"``: after each computed velocity the relative change per step since the previous computed
+    one, ``||v_i - v_j|| / ||v_j|| / (i - j)``, is added up over the following steps; a step reuses the last
+    velocity while that running estimate stays under ``threshold`` (at most ``max_skip`` steps in a row), and
+    computes (resetting the estimate) otherwise. The first ``warmup`` steps always compute. ``threshold=0``
+    never skips: exactly the uncached integration. ``mode="fixed"``: the steps in ``cache_steps`` reuse
+    (FlashDrive's released schedule, ``(3, 4, 5, 6)`` of 10).
+
+    Example:
+        >>> plan = StepCache("fixed", cache_steps=(1, 2)).planner(4)
+        >>> [plan.compute(i) for i in range(4)]
+        [True, False, False, True]
+    """
+
+    def __init__(self, mode: str = "adaptive", threshold: float = 0.05, cache_steps=(3, 4, 5, 6), warmup: int = 2,
+                 max_skip: int = 3):
+        if mode not in ("adaptive", "fixed"):
+            raise InvalidInputError(f"step cache mode must be 'adaptive' or 'fixed', not {mode!r}")
+        if not threshold >= 0:
+            raise InvalidInputError(f"step cache threshold must be >= 0 (got {threshold!r})")
+        self.mode, self.threshold, self.cache_steps = mode, float(threshold), tuple(int(s) for s in cache_steps)
+        self.warmup, self.max_skip = int(warmup), int(max_skip)
+        if mode == "fixed" and 0 in self.cache_steps:
+            raise InvalidInputError("step 0 has no velocity to reuse: cache_steps must not contain 0")
+
+    def planner(self, steps: int) -> "_StepPlan":
+        """A fresh per-integration decision object for ``steps`` Euler steps."""
+        return _StepPlan(self, steps)
+
+    def __repr__(self):
+        if self.mode == "fixed":
+            return f"StepCache('fixed', cache_steps={self.cache_steps})"
+        return f"StepCache('adaptive', threshold={self.threshold:g})"
+
+
+class _StepPlan:
+    def __init__(self, cfg: StepCache, steps: int):
+        self.cfg, self.steps = cfg, steps
+        self.last = None  # (step, velocity) of the last computed velocity
+        self.rate, self.acc, self.skipped = None, 0.0, 0
+
+    def compute(self, i: int) -> bool:
+        cfg = self.cfg
+        if cfg.mode == "fixed":
+            return i not in cfg.cache_steps
+        if i < cfg.warmup or self.rate is None or self.skipped >= cfg.max_skip:
+            return True
+        self.acc += self.rate
+        if self.acc < cfg.threshold:
+            self.skipped += 1
+            return False
+        return True
+
+    def observe(self, i: int, v) -> None:
+        if self.last is not None:
+            j, prev = self.last
+            self.rate = float((v - prev).norm() / prev.norm().clamp_min(1e-12)) / (i - j)
+        self.last, self.acc, self.skipped = (i, v), 0.0, 0

@@ -1,0 +1,501 @@
+"""FlashDrive for the driving VLA: streaming reuse across ticks, step caching of the flow head, system level.
+
+One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=`` runs through
+:class:`FlashDriveEngine` instead of ``generate``. What each mechanism does, and whether it is exact:
+
+* **vision cache** (``vision_cache``, exact): each frame's vision-tower output is kept under a hash of its
+  pixels, so a tick encodes only the frame(s) that entered the window (the tower attends within one image).
+* **streaming KV reuse** (``stream``, approximate): consecutive 10 Hz windows share 3 of 4 frames per camera.
+  The language model's keys and values of the frames that stay are moved to their new slots; their keys are
+  re-rotated to the new M-RoPE positions (``rerotate=True``, per token and per axis, with the model's own
+  rotary embedding: exact for the rotation) or left at their old rotation (``rerotate=False``, FlashDrive's
+  shift). Only the new frame(s), the ego history and the text are prefilled. Not exact even re-rotated:
+  a kept frame's states above layer 0 were computed while it attended to the frame that has left the window
+  (a fresh prefill's would not); a model trained with the streaming mask (as the authors fine-tune) closes
+  that gap. A 1-layer model has only context-free layer-0 states, so there re-rotated streaming is exact
+  (the tests use that).
+* **step cache** (``step_cache``, approximate): :class:`~mmspec.drivers.vla.StepCache` reuses the last
+  velocity of the flow-matching head on some Euler steps (adaptive threshold or fixed schedule).
+* **system** (``system``, exact): position ids, the expert's mask and positions and the flow-time embeddings
+  are built once (per template / per tick), not per forward; the decode loop projects only the last hidden
+  state; the reasoning loop calls the language model directly (no ``generate`` machinery per token).
+
+Streaming state lives between ticks of one clip. ``tick`` makes breaks detectable: the next tick of a stream
+must be the last one plus one, from the same cameras, with a window whose first frames are the last window's
+later frames (checked by pixel hash). Anything else (a gap, an out-of-order or repeated tick, a frame that does
+not continue the window, changed cameras, a changed prompt layout) is a reset to a full prefill
+(``on_break="reset"``, reported in the result's ``stream`` field) or a :class:`StreamBreakError`
+(``on_break="error"``); never a silent reuse.
+
+Example:
+    >>> FlashDriveConfig.parse("stream,step_cache").names()
+    ['vision_cache', 'stream', 'step_cache']
+    >>> FlashDriveConfig.parse(True).exact, FlashDriveConfig.parse("vision_cache,system").exact
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import torch
+
+from mmspec.errors import InvalidInputError
+
+from .vla import StepCache
+
+__all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS"]
+
+MECHANISMS = ("vision_cache", "stream", "step_cache", "system")
+"""The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``)."""
+
+
+class StreamBreakError(InvalidInputError):
+    """A tick does not continue the stream (gap, out of order, other frames or cameras) under ``on_break='error'``."""
+
+
+@dataclass(frozen=True)
+class FlashDriveConfig:
+    """Which FlashDrive mechanisms run (see the module docstring) and their settings.
+
+    Args:
+        vision_cache: reuse per-frame vision-tower outputs (exact).
+        stream: reuse the kept frames' language-model KV across ticks.
+        rerotate: re-rotate moved keys to their new positions (exact rotation); ``False`` is FlashDrive's shift.
+        step_cache: ``None`` (off), ``"adaptive"`` or ``"fixed"``.
+        threshold: the adaptive step cache's threshold on the running relative velocity change.
+        cache_steps: the fixed schedule's reused steps.
+        system: build fixed positions and masks once, lean decode loop.
+        on_break: ``"reset"`` (full prefill, reported) or ``"error"`` when a tick does not continue the stream.
+
+    Example:
+        >>> FlashDriveConfig.parse({"step_cache": "fixed", "stream": False}).step_cache
+        'fixed'
+    """
+
+    vision_cache: bool = True
+    stream: bool = True
+    rerotate: bool = True
+    step_cache: str | None = "adaptive"
+    threshold: float = 0.1
+    cache_steps: tuple = (3, 4, 5, 6)
+    system: bool = True
+    on_break: str = "reset"
+
+    def __post_init__(self):
+        if self.step_cache not in (None, "adaptive", "fixed"):
+            raise InvalidInputError(f"step_cache must be None, 'adaptive' or 'fixed' (got {self.step_cache!r})")
+        if self.on_break not in ("reset", "error"):
+            raise InvalidInputError(f"on_break must be 'reset' or 'error' (got {self.on_break!r})")
+        if self.stream and not self.vision_cache:
+            object.__setattr__(self, "vision_cache", True)  # a kept frame's features are what streaming keeps
+        StepCache(self.step_cache or "adaptive", self.threshold, self.cache_steps)  # validates the settings
+
+    @classmethod
+    def parse(cls, spec) -> "FlashDriveConfig | None":
+        """``True`` (all four), ``False`` / ``None`` (off: plain), a comma list of :data:`MECHANISMS` (each
+        alone or together; ``stream-shift`` is streaming without re-rotation), a dict of fields, or a config.
+
+        Example:
+            >>> FlashDriveConfig.parse("stream-shift").rerotate
+            False
+        """
+        if spec is None or spec is False:
+            return None
+        if isinstance(spec, cls):
+            return spec
+        if spec is True:
+            return cls()
+        if isinstance(spec, dict):
+            known = {f.name for f in fields(cls)}
+            bad = sorted(set(spec) - known)
+            if bad:
+                raise InvalidInputError(f"unknown FlashDrive settings {bad}; known: {sorted(known)}")
+            return cls(**spec)
+        if isinstance(spec, str):
+            names = [n.strip() for n in spec.split(",") if n.strip()]
+            if names == ["flashdrive"] or names == ["all"]:
+                return cls()
+            kw = dict(vision_cache=False, stream=False, step_cache=None, system=False)
+            for n in names:
+                if n == "stream-shift":
+                    kw.update(stream=True, rerotate=False)
+                elif n == "step_cache" or n == "step-cache":
+                    kw["step_cache"] = "adaptive"
+                elif n == "step_cache_fixed" or n == "step-cache-fixed":
+                    kw["step_cache"] = "fixed"
+                elif n.replace("-", "_") in MECHANISMS:
+                    kw[n.replace("-", "_")] = True
+                else:
+                    raise InvalidInputError(f"unknown FlashDrive mechanism {n!r}; use some of {list(MECHANISMS)}, "
+                                            "stream-shift, step_cache_fixed, or 'flashdrive' for all")
+            return cls(**kw)
+        raise InvalidInputError(f"flashdrive must be True, a mechanism list or a FlashDriveConfig (got {spec!r})")
+
+    def names(self) -> list:
+        """The mechanisms switched on, in :data:`MECHANISMS` order."""
+        on = {"vision_cache": self.vision_cache, "stream": self.stream, "step_cache": self.step_cache is not None,
+              "system": self.system}
+        return [m for m in MECHANISMS if on[m]]
+
+    @property
+    def exact(self) -> bool:
+        """Whether every mechanism on is exact (the vision cache and the system level are; streaming and step
+        caching approximate)."""
+        return not self.stream and self.step_cache is None
+
+    def step_cache_policy(self) -> StepCache | None:
+        return None if self.step_cache is None else StepCache(self.step_cache, self.threshold, self.cache_steps)
+
+
+def rerotate_keys(keys: torch.Tensor, delta: torch.Tensor, rotary_emb) -> torch.Tensor:
+    """Keys ``[B, H, n, D]`` rotated by their RoPE at positions ``p`` -> the same keys at ``p + delta``.
+
+    ``delta[3, n]`` (M-RoPE: temporal, height, width; equal rows for 1-D RoPE): RoPE is a rotation per frequency
+    pair, so rotating by the angle of ``delta`` moves a key to its new position exactly (up to rounding). The
+    model's own ``rotary_emb`` supplies the angles (its M-RoPE sections and scaling included).
+
+    Example:
+        >>> from transformers import Qwen2VLTextConfig                                       # doctest: +SKIP
+        >>> k2 = rerotate_keys(k, torch.full((3, n), -10), model.model.language_model.rotary_emb)  # doctest: +SKIP
+    """
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import rotate_half
+
+    delta = delta.to(keys.device).long()
+    if bool((delta == 0).all()):
+        return keys
+    cos, sin = rotary_emb(keys.float(), delta[:, None, :].expand(3, keys.shape[0], -1))
+    cos, sin = cos[:, None].float(), sin[:, None].float()  # [B, 1, n, D]: every head turns alike
+    k = keys.float()
+    return (k * cos + rotate_half(k) * sin).to(keys.dtype)
+
+
+def _frame_key(img) -> str:
+    a = np.asarray(img)
+    return hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest() + f"{a.shape}"
+
+
+@dataclass
+class _Stream:
+    """What a clip's stream keeps between ticks."""
+
+    tick: int | None
+    cameras: tuple
+    frame_keys: list  # per camera, per frame slot: pixel hash
+    prefix_ids: torch.Tensor  # the tokens before the first frame
+    frame_tokens: int  # tokens per frame block (<vision_start> ... <vision_end>)
+    cache: object  # DynamicCache holding prefix + frames (text and reasoning cropped off)
+    slot_index: list  # per camera, per frame slot: LongTensor of cache indices
+    prefix_len: int
+    positions: torch.Tensor  # [3, L_cache]: the position of every cache entry
+
+
+@dataclass
+class _Template:
+    """The token layout of one tick's prompt."""
+
+    ids: torch.Tensor  # [L]
+    positions: torch.Tensor  # [3, L]
+    next_position: int  # the text position after the prompt
+    prefix_len: int
+    frame_spans: list  # per image (camera-major): (start, end) token range of <vision_start> .. <vision_end>
+    image_token_index: torch.Tensor  # token indices of the image placeholders
+    extra: dict = field(default_factory=dict)
+
+
+class FlashDriveEngine:
+    """Runs one tick of a :class:`~mmspec.drivers.train_vla.DrivingVLA` with the mechanisms of ``config``.
+
+    Used by :class:`~mmspec.drivers.pipeline.DrivingPipeline` (``flashdrive=``); :meth:`reset` ends a clip.
+
+    Example:
+        >>> engine = FlashDriveEngine(vla, FlashDriveConfig())                             # doctest: +SKIP
+        >>> out = engine.step(images, prompt, ("front",), speed, tick=20)                  # doctest: +SKIP
+    """
+
+    VISION_CACHE_FRAMES = 64
+
+    def __init__(self, vla, config: FlashDriveConfig, max_reasoning_tokens: int = 40):
+        self.vla, self.config, self.max_reasoning_tokens = vla, config, max_reasoning_tokens
+        bb = vla.backbone
+        self.backbone, self.lm = bb, bb.model.language_model
+        self.processor = vla.processor
+        cfg = bb.config
+        self.image_token_id = cfg.image_token_id
+        self.vision_start_id, self.vision_end_id = cfg.vision_start_token_id, cfg.vision_end_token_id
+        eos = bb.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        self.step_cache = config.step_cache_policy()
+        self._features: OrderedDict = OrderedDict()  # frame hash -> (features [n, H], grid [3])
+        self._pixels: dict = {}
+        self._templates: dict = {}
+        self._stream: _Stream | None = None
+        self.stats = {"vision_hits": 0, "vision_misses": 0, "stream_ticks": 0, "resets": {}}
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Forget the stream (a new clip); the vision cache is content-addressed and stays."""
+        self._stream = None
+
+    # ------------------------------------------------------------------ helpers
+    def _sync(self):
+        if self.backbone.device.type == "cuda":
+            torch.cuda.synchronize(self.backbone.device)
+
+    def _encode(self, images, keys) -> list:
+        """Vision features of every frame: cached ones looked up (vision_cache), the rest encoded together."""
+        use_cache = self.config.vision_cache
+        missing = [i for i, k in enumerate(keys) if not (use_cache and k in self._features)]
+        out = [None] * len(images)
+        if missing:
+            ip = self.processor.image_processor
+            px = ip(images=[images[i] for i in missing], return_tensors="pt")
+            pv = px["pixel_values"].to(self.backbone.device, self.backbone.model.visual.dtype)
+            grid = px["image_grid_thw"].to(self.backbone.device)
+            feats = self.backbone.model.get_image_features(pv, grid).pooler_output
+            for j, i in enumerate(missing):
+                out[i] = (feats[j], grid[j])
+                if use_cache:
+                    self._features[keys[i]] = out[i]
+        self.stats["vision_misses"] += len(missing)
+        for i, k in enumerate(keys):
+            if out[i] is None:
+                out[i] = self._features[k]
+                self._features.move_to_end(k)
+                self.stats["vision_hits"] += 1
+        while len(self._features) > self.VISION_CACHE_FRAMES:
+            self._features.popitem(last=False)
+        return out
+
+    def _template(self, prompt_text: str, grids) -> _Template:
+        """Token ids and M-RoPE positions of the prompt (cached per prompt layout when ``system``)."""
+        tok = self.processor.tokenizer
+        pad = self.processor.image_token
+        merge = self.backbone.model.visual.spatial_merge_size ** 2
+        text = prompt_text
+        for g in grids:  # expand each placeholder as the processor does
+            text = text.replace(pad, "\0" * int(g.prod() // merge), 1)
+        ids = torch.tensor(tok(text.replace("\0", pad), add_special_tokens=False)["input_ids"])
+        L = int(ids.shape[0])
+        key = (tuple(tuple(int(x) for x in g) for g in grids), L, ids[:L - 0].tolist().count(self.image_token_id))
+        if self.config.system and key in self._templates:
+            t = self._templates[key]
+            if torch.equal(t.ids[: t.frame_spans[-1][1]], ids[: t.frame_spans[-1][1]]):
+                return _Template(ids, t.positions, t.next_position, t.prefix_len, t.frame_spans,
+                                 t.image_token_index, t.extra)
+        starts = (ids == self.vision_start_id).nonzero().flatten().tolist()
+        ends = (ids == self.vision_end_id).nonzero().flatten().tolist()
+        if len(starts) != len(grids) or len(ends) != len(grids):
+            raise InvalidInputError(f"the prompt holds {len(starts)} image blocks for {len(grids)} frames")
+        mm = (ids == self.image_token_id).long()[None]
+        grid_t = torch.stack([g.cpu() for g in grids])
+        pos, _ = self.backbone.model.get_rope_index(ids[None], mm_token_type_ids=mm, image_grid_thw=grid_t,
+                                                    attention_mask=torch.ones(1, L, dtype=torch.long))
+        pos = pos[-3:, 0].to(self.backbone.device)
+        t = _Template(ids, pos, int(pos.max()) + 1, starts[0], [(s, e + 1) for s, e in zip(starts, ends)],
+                      mm[0].nonzero().flatten())
+        if self.config.system:
+            self._templates[key] = t
+        return t
+
+    def _forward(self, embeds, positions, cache, mask=None):
+        """The language model over ``embeds[1, n, H]`` at ``positions[3, n]``; last hidden state ``[1, n, H]``."""
+        am = None if mask is None else {"full_attention": mask}
+        out = self.lm(inputs_embeds=embeds, position_ids=positions[:, None, :], cache=cache, attention_mask=am,
+                      use_cache=True)
+        return out.last_hidden_state
+
+    def _embed(self, ids, feats_by_token=None):
+        emb = self.lm.embed_tokens(ids.to(self.backbone.device))[None]
+        if feats_by_token is not None:
+            idx, feats = feats_by_token
+            emb[0, idx] = feats.to(emb.dtype)
+        return emb
+
+    # ------------------------------------------------------------------ streaming
+    def _continues(self, tick, cameras, keys, tpl: _Template, fpc: int):
+        """``None`` if this tick continues the stream, else ``(category, why)``."""
+        st = self._stream
+        if not self.config.stream:
+            return ("off", "streaming off")
+        if st is None:
+            return ("start", "first tick of a stream")
+        if tick is None or st.tick is None:
+            return ("no tick", "no tick index")
+        if tick == st.tick:
+            return ("repeated", f"tick {tick} repeated")
+        if tick < st.tick:
+            return ("out of order", f"tick {tick} out of order (after {st.tick})")
+        if tick != st.tick + 1:
+            return ("gap", f"gap: tick {tick} after {st.tick}")
+        if tuple(cameras) != st.cameras:
+            return ("cameras", f"cameras changed ({list(st.cameras)} -> {list(cameras)})")
+        n_tok = {e - s for s, e in tpl.frame_spans}
+        if tpl.prefix_len != st.prefix_len or not torch.equal(tpl.ids[: tpl.prefix_len], st.prefix_ids) \
+                or n_tok != {st.frame_tokens}:
+            return ("layout", "prompt layout changed")
+        for c in range(len(cameras)):
+            if keys[c * fpc: c * fpc + fpc - 1] != st.frame_keys[c][1:]:
+                return ("frames", f"frames of camera {cameras[c]!r} do not continue the last window")
+        return None
+
+    def _stream_prefill(self, st: _Stream, tpl: _Template, feats, fpc: int, ncam: int):
+        """Move the kept frames' KV (re-rotated or shifted), prefill the new frames and the text."""
+        dev = self.backbone.device
+        keep_idx, moved, new_pos_moved = [torch.arange(st.prefix_len, device=dev)], [], []
+        for c in range(ncam):
+            for j in range(fpc - 1):
+                old = st.slot_index[c][j + 1]
+                s, e = tpl.frame_spans[c * fpc + j]
+                keep_idx.append(old)
+                moved.append((st.positions[:, old], tpl.positions[:, s:e]))
+        keep = torch.cat(keep_idx)
+        P = st.prefix_len
+        delta = None
+        if self.config.rerotate and moved:
+            delta = torch.cat([new - old for old, new in moved], dim=1)  # [3, n_moved]
+        cache = st.cache
+        rot = self.lm.rotary_emb
+        for layer in cache.layers:
+            k = layer.keys.index_select(2, keep)
+            v = layer.values.index_select(2, keep)
+            if delta is not None:
+                k = torch.cat([k[:, :, :P], rerotate_keys(k[:, :, P:], delta, rot)], dim=2)
+            layer.keys, layer.values = k, v
+        # Cache entries now: prefix, then per camera frames 0..fpc-2 (at the new window's slots).
+        kept_pos = [tpl.positions[:, :P]] + [new for _, new in moved]
+        order_cached = [torch.arange(P, device=dev)] + [
+            torch.arange(*tpl.frame_spans[c * fpc + j], device=dev) for c in range(ncam) for j in range(fpc - 1)]
+        new_tok = [torch.arange(*tpl.frame_spans[c * fpc + fpc - 1], device=dev) for c in range(ncam)]
+        tail = torch.arange(tpl.frame_spans[-1][1], tpl.ids.shape[0], device=dev)
+        q_idx = torch.cat(new_tok + [tail])
+        new_feats = torch.cat([feats[c * fpc + fpc - 1][0] for c in range(ncam)])
+        ids_q = tpl.ids.to(dev)[q_idx]
+        emb = self._embed(ids_q, ((ids_q == self.image_token_id).nonzero().flatten(), new_feats))
+        mask = None
+        if ncam > 1:  # the new frames sit between kept frames in sequence order: attend by original index
+            k_order = torch.cat(order_cached + [q_idx])
+            mask = (k_order[None, :] <= q_idx[:, None])[None, None]
+            if (self.backbone.config.get_text_config()._attn_implementation or "sdpa") != "sdpa":
+                mask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(~mask, torch.finfo(emb.dtype).min)
+        hidden = self._forward(emb, tpl.positions[:, q_idx], cache, mask)
+        # Slot map for the next tick: kept frames, then the new frames at the end of the kept part.
+        slots, at = [], P
+        L_kept = keep.shape[0]
+        nt = st.frame_tokens
+        for c in range(ncam):
+            row = []
+            for j in range(fpc - 1):
+                row.append(torch.arange(at, at + nt, device=dev))
+                at += nt
+            slots.append(row)
+        for c in range(ncam):
+            slots[c].append(torch.arange(L_kept + c * nt, L_kept + (c + 1) * nt, device=dev))
+        positions = torch.cat(kept_pos + [tpl.positions[:, q_idx]], dim=1)
+        return hidden, slots, L_kept + ncam * nt, positions
+
+    def _full_prefill(self, tpl: _Template, feats, fpc: int, ncam: int):
+        from transformers import DynamicCache
+
+        dev = self.backbone.device
+        emb = self._embed(tpl.ids, (tpl.image_token_index.to(dev), torch.cat([f for f, _ in feats])))
+        cache = DynamicCache(config=self.backbone.config.get_text_config())
+        hidden = self._forward(emb, tpl.positions, cache)
+        slots = [[torch.arange(*tpl.frame_spans[c * fpc + j], device=dev) for j in range(fpc)] for c in range(ncam)]
+        return hidden, cache, slots, tpl.frame_spans[-1][1], tpl.positions
+
+    # ------------------------------------------------------------------ one tick
+    @torch.no_grad()
+    def step(self, images, prompt_text: str, cameras, speed: float, tick=None, num_samples: int = 1, seed: int = 0,
+             t0: float | None = None) -> dict:
+        """One tick: ``images`` (PIL, camera-major, oldest first), the chat ``prompt_text`` with one image
+        placeholder per frame; returns what :meth:`DrivingPipeline.step` returns, plus ``stream`` (``"reuse"``
+        or why a full prefill ran) and ``head_calls``. Timing starts at ``t0`` (the pipeline's clock)."""
+        t0 = time.perf_counter() if t0 is None else t0
+        ncam = len(cameras)
+        fpc = len(images) // ncam
+        keys = [_frame_key(im) for im in images]
+        self._sync()
+        te0 = time.perf_counter()
+        feats = self._encode(images, keys)
+        self._sync()
+        te1 = time.perf_counter()
+        tpl = self._template(prompt_text, [g for _, g in feats])
+        brk = self._continues(tick, cameras, keys, tpl, fpc)
+        if brk is not None and brk[0] not in ("off", "start", "no tick") and self.config.on_break == "error":
+            raise StreamBreakError(f"tick {tick} does not continue the stream: {brk[1]} (reset() starts a new clip)")
+        tp0 = time.perf_counter()
+        st, self._stream = self._stream, None  # taken: a failure below leaves no half-moved cache behind
+        if brk is None:
+            hidden, slots, kept_len, positions = self._stream_prefill(st, tpl, feats, fpc, ncam)
+            cache = st.cache
+            self.stats["stream_ticks"] += 1
+        else:
+            if brk[0] != "off":
+                self.stats["resets"][brk[0]] = self.stats["resets"].get(brk[0], 0) + 1
+            hidden, cache, slots, kept_len, positions = self._full_prefill(tpl, feats, fpc, ncam)
+        logits = self.backbone.lm_head(hidden[:, -1])
+        self._sync()
+        tp1 = time.perf_counter()
+        # Reasoning, greedy: the cache ends up holding the prompt and every generated token but the last (as
+        # generate leaves it), which the action expert reads.
+        first_logits = logits[0].float().clone()
+        dev = self.backbone.device
+        new, pos = [], tpl.next_position
+        while True:
+            tok = int(logits[0].argmax())
+            new.append(tok)
+            if tok in self.eos or len(new) >= self.max_reasoning_tokens:
+                break
+            emb = self.lm.embed_tokens(torch.tensor([[tok]], device=dev))
+            hidden = self._forward(emb, torch.full((3, 1), pos, device=dev, dtype=torch.long), cache)
+            logits = self.backbone.lm_head(hidden[:, -1])
+            pos += 1
+        self._sync()
+        td1 = time.perf_counter()
+        L = cache.get_seq_length()
+        start = torch.tensor([pos], device=dev)
+        valid = torch.ones(1, L, dtype=torch.bool, device=dev)
+        gen = torch.Generator(device=dev).manual_seed(int(seed))
+        expert = self.vla.expert
+        stats: dict = {}
+        acts = [expert.sample(cache, start, valid, generator=gen, step_cache=self.step_cache,
+                              precompute=self.config.system, stats=stats)]
+        self._sync()
+        ta1 = time.perf_counter()
+        calls_timed = stats.get("head_calls", 0)
+        # Further samples (minADE over K) are drawn after the clock stops: a car executes one trajectory.
+        for _ in range(num_samples - 1):
+            acts.append(expert.sample(cache, start, valid, generator=gen, step_cache=self.step_cache,
+                                      precompute=self.config.system))
+        if self.config.stream and tick is not None:  # without a tick index a stream cannot be checked: no reuse
+            cache.crop(kept_len - cache.get_seq_length())  # transformers 5: a negative count removes
+            self._stream = _Stream(int(tick), tuple(cameras),
+                                   [keys[c * fpc:(c + 1) * fpc] for c in range(ncam)], tpl.ids[: tpl.prefix_len],
+                                   tpl.frame_spans[0][1] - tpl.frame_spans[0][0], cache, slots, tpl.prefix_len,
+                                   positions[:, :kept_len])
+        text = self.processor.tokenizer.decode(new, skip_special_tokens=True)
+        timings = {"encode": te1 - te0, "preprocess": (te0 - t0) + (tp0 - te1), "prefill": tp1 - tp0,
+                   "decode": td1 - tp1, "action": ta1 - td1, "total": ta1 - t0}
+        return {"reasoning": text, "actions": torch.cat(acts).float().cpu().numpy(), "num_decode_tokens": len(new),
+                "timings_ms": {k: v * 1e3 for k, v in timings.items()}, "stream": "reuse" if brk is None else brk[1],
+                "head_calls": calls_timed, "first_logits": first_logits.cpu()}
+
+    def describe(self) -> str:
+        c = self.config
+        parts = self.config.names()
+        extra = []
+        if c.stream:
+            extra.append("re-rotated" if c.rerotate else "shifted (no re-rotation)")
+        if c.step_cache:
+            extra.append(repr(self.step_cache))
+        return "+".join(parts) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def with_overrides(config: FlashDriveConfig, **kw) -> FlashDriveConfig:
+    """A copy of ``config`` with fields replaced (checked again)."""
+    return replace(config, **kw)
