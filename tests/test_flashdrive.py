@@ -1,0 +1,243 @@
+"""FlashDrive on the driving VLA: exact re-rotation, streaming reuse (exact where the model allows it), reset
+semantics, clip replay through decord, the flow head's step cache, and ``mmspec drive-sim``."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mmspec.errors import InvalidInputError
+
+
+def _tiny(layers: int, cameras=None, seed: int = 0):
+    from mmspec.drivers import train_vla
+
+    spec = dict(train_vla.VLA_SIZES["tiny"])
+    spec["text"] = dict(spec["text"], num_hidden_layers=layers)
+    train_vla.VLA_SIZES["_test"] = spec
+    try:
+        torch.manual_seed(seed)
+        vla = train_vla.build_vla("_test", tokenizer_texts=40, vocab_size=300, seed=seed).eval()
+    finally:
+        del train_vla.VLA_SIZES["_test"]
+    vla.expert.num_steps = 3
+    if cameras:
+        vla.backbone.config.mmspec_cameras = list(cameras)
+    return vla
+
+
+@pytest.fixture(scope="module")
+def one_layer():
+    """A 1-layer VLA over two cameras: its only cached states (layer 0) depend on no context, so streaming with
+    re-rotated keys must be exact on it."""
+    return _tiny(1, cameras=("front", "left"))
+
+
+@pytest.fixture(scope="module")
+def two_layer():
+    return _tiny(2)
+
+
+@pytest.fixture(scope="module")
+def world():
+    from mmspec.drivers.world import render_frame, scenario_for, simulate
+
+    sim = simulate(scenario_for("test", 1, 0, "lead_brake"), 2.6)
+    frames = {(cam, k): render_frame(sim, k, cam) for cam in ("front", "left") for k in range(sim.ticks)}
+    return sim, frames
+
+
+def _step(pipe, world, k, cameras=("front",), **kw):
+    from mmspec.drivers.clips import ego_history
+
+    sim, frames = world
+    imgs = [frames[(cam, t)] for cam in cameras for t in range(k - 3, k + 1)]
+    return pipe.step(imgs, ego_history(sim.ego, k), float(sim.ego[k][3]), seed=k, cameras=cameras, **kw)
+
+
+def _pipe(vla, flashdrive=None, cameras=("front",)):
+    from mmspec.drivers import DrivingPipeline
+
+    return DrivingPipeline(vla, cameras=cameras, max_reasoning_tokens=5, flashdrive=flashdrive)
+
+
+STREAM = {"step_cache": None, "system": True}
+
+
+def test_rerotated_keys_equal_keys_rotated_at_the_new_positions():
+    from transformers import Qwen2VLTextConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
+
+    from mmspec.drivers.flashdrive import rerotate_keys
+
+    cfg = Qwen2VLTextConfig(hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]})
+    rot = Qwen2VLRotaryEmbedding(cfg)
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    raw = torch.randn(1, 2, n, 64, generator=g)
+    pos = torch.randint(0, 300, (3, 1, n), generator=g)  # M-RoPE: the three axes differ (image tokens)
+    delta = torch.randint(-60, 60, (3, n), generator=g)
+
+    def at(p):
+        cos, sin = rot(raw, p)
+        return apply_rotary_pos_emb(raw, raw, cos, sin)[1]
+
+    moved, fresh = rerotate_keys(at(pos), delta, rot), at(pos + delta[:, None])
+    assert torch.allclose(moved, fresh, atol=1e-4, rtol=0)
+    assert not torch.allclose(at(pos), fresh, atol=1e-2)  # the shift (no rotation) is not at the new positions
+
+
+def test_streamed_layer0_keys_equal_a_fresh_prefill_and_deeper_layers_drift(two_layer, world):
+    """Re-rotated moved keys equal the keys a full prefill computes at the new positions (layer 0, whose keys
+    depend on no context); layer 1's do not (a kept frame attended to the frame that left): the approximation."""
+    streamed, fresh, shifted = _pipe(two_layer, STREAM), _pipe(two_layer, STREAM), \
+        _pipe(two_layer, {**STREAM, "rerotate": False})
+    for k in (20, 21):
+        assert _step(streamed, world, k, tick=k)["stream"] == ("reuse" if k == 21 else "first tick of a stream")
+        _step(shifted, world, k, tick=k)
+    _step(fresh, world, 21, tick=21)
+    a, b, c = (p.engine._stream.cache.layers for p in (streamed, fresh, shifted))
+    assert a[0].keys.shape == b[0].keys.shape
+    assert torch.allclose(a[0].keys, b[0].keys, atol=1e-5) and torch.allclose(a[0].values, b[0].values, atol=1e-5)
+    assert not torch.allclose(c[0].keys, b[0].keys, atol=1e-3)
+    assert not torch.allclose(a[1].keys, b[1].keys, atol=1e-3)
+
+
+def test_streaming_is_exact_on_a_one_layer_model_with_two_cameras(one_layer, world):
+    """Moved slots, re-rotation, the two-camera mask (new frames sit between kept ones) and the positions are
+    all right: on a model whose cached states are context-free the stream equals plain; the shift does not."""
+    cams = ("front", "left")
+    plain, stream, shift = _pipe(one_layer, None, cams), _pipe(one_layer, STREAM, cams), \
+        _pipe(one_layer, {**STREAM, "rerotate": False}, cams)
+    for k in (20, 21, 22):
+        ref, got, sh = (_step(p, world, k, cams, tick=k) for p in (plain, stream, shift))
+        assert got["reasoning"] == ref["reasoning"]
+        assert torch.allclose(got["first_logits"], ref["first_logits"], atol=1e-4, rtol=0)
+        assert np.allclose(got["trajectory"], ref["trajectory"], atol=1e-3)
+        if k > 20:
+            assert got["stream"] == "reuse"
+            assert (sh["first_logits"] - ref["first_logits"]).abs().max() > 1e-3
+
+
+def test_exact_mechanisms_equal_plain_generate(two_layer, world):
+    plain, exact = _pipe(two_layer), _pipe(two_layer, "vision_cache,system")
+    assert exact.flashdrive.exact
+    for k in (20, 21):  # the second tick takes three frames' features from the vision cache
+        ref, got = _step(plain, world, k, tick=k), _step(exact, world, k, tick=k)
+        assert got["reasoning"] == ref["reasoning"] and got["num_decode_tokens"] == ref["num_decode_tokens"]
+        assert torch.allclose(got["first_logits"], ref["first_logits"], atol=1e-5, rtol=0)
+        assert np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
+    assert exact.engine.stats["vision_hits"] == 3 and exact.engine.stats["vision_misses"] == 5
+
+
+def test_reset_semantics(one_layer, world):
+    """A gap, an out-of-order or repeated tick, frames that do not continue the window, changed cameras and a
+    missing tick index each reset to a full prefill (equal to plain) or, with on_break='error', raise."""
+    from mmspec.drivers.flashdrive import StreamBreakError
+
+    plain, pipe = _pipe(one_layer), _pipe(one_layer, {**STREAM, "rerotate": False})  # the shift: reuse shows
+    seen = []
+    for k, kw in [(20, {}), (21, {}), (23, {}), (22, {}), (22, {}), (23, {"cameras": ("front", "left")}), (24, {}),
+                  (25, {"tick": None})]:
+        cams = kw.pop("cameras", ("front",))
+        res = _step(pipe, world, k, cams, **{"tick": k, **kw})
+        seen.append(res["stream"].split(":")[0].split(" (")[0])
+        if res["stream"] != "reuse" and cams == ("front",):  # a reset is a full prefill: plain's own result
+            ref = _step(plain, world, k)
+            assert torch.allclose(res["first_logits"], ref["first_logits"], atol=1e-5)
+    assert seen == ["first tick of a stream", "reuse", "gap", "tick 22 out of order", "tick 22 repeated",
+                    "cameras changed", "cameras changed", "no tick index"]
+    # Frames that do not continue the window (another drive at the next tick index).
+    _step(pipe, world, 20, tick=20)
+    sim, frames = world
+    other = [frames[("left", t)] for t in range(18, 22)]
+    from mmspec.drivers.clips import ego_history
+
+    res = pipe.step(other, ego_history(sim.ego, 21), 5.0, tick=21)
+    assert res["stream"] == "frames of camera 'front' do not continue the last window"
+    strict = _pipe(one_layer, {**STREAM, "on_break": "error"})
+    _step(strict, world, 20, tick=20)
+    with pytest.raises(StreamBreakError, match="gap: tick 22 after 20"):
+        _step(strict, world, 22, tick=22)
+    assert _step(strict, world, 21, tick=21)["stream"] == "reuse"  # the refused tick left the stream intact
+    strict.reset()
+    assert _step(strict, world, 22, tick=22)["stream"] == "first tick of a stream"
+    with pytest.raises(InvalidInputError, match="tick must be an integer"):
+        _step(strict, world, 23, tick=2.5)
+
+
+def test_streaming_replay_of_a_written_clip(one_layer, tmp_path):
+    """A clip written as videos (PyAV) and read back with decord, replayed tick by tick through the streaming
+    pipeline (two cameras): every tick after the first reuses the stream and equals plain on the same frames."""
+    from mmspec.drivers.clips import ego_history, load_clip, write_clip
+
+    clip = load_clip(write_clip(str(tmp_path), "test", 2, seconds=2.0, cameras=("front", "left")))
+    cams = ("front", "left")
+    plain, stream = _pipe(one_layer, None, cams), _pipe(one_layer, STREAM, cams)
+    for k in range(16, clip.ticks):
+        frames = [clip.frames[cam][t] for cam in cams for t in range(k - 3, k + 1)]
+        args = (frames, ego_history(clip.ego, k), float(clip.ego[k][3]))
+        ref, got = plain.step(*args, seed=k), stream.step(*args, seed=k, tick=k)
+        assert got["stream"] == ("reuse" if k > 16 else "first tick of a stream")
+        assert got["reasoning"] == ref["reasoning"]
+        assert torch.allclose(got["first_logits"], ref["first_logits"], atol=1e-4, rtol=0)
+    assert stream.engine.stats["stream_ticks"] == clip.ticks - 17
+
+
+def test_step_cache_threshold_zero_is_the_uncached_integration(two_layer, world):
+    from mmspec.drivers.vla import StepCache
+
+    off = _step(_pipe(two_layer, {"stream": False, "step_cache": None}), world, 20)
+    zero = _step(_pipe(two_layer, {"stream": False, "step_cache": "adaptive", "threshold": 0.0}), world, 20)
+    fixed = _step(_pipe(two_layer, {"stream": False, "step_cache": "fixed", "cache_steps": (1,)}), world, 20)
+    assert np.array_equal(zero["actions"], off["actions"]) and zero["head_calls"] == off["head_calls"] == 3
+    assert fixed["head_calls"] == 2 and not np.array_equal(fixed["actions"], off["actions"])
+    # The adaptive rule: after two computed steps, skip while the running relative change stays under the threshold.
+    plan = StepCache("adaptive", threshold=0.25, warmup=2, max_skip=3).planner(8)
+    v = torch.ones(4)
+    decisions = []
+    for i in range(8):
+        c = plan.compute(i)
+        decisions.append(c)
+        if c:
+            plan.observe(i, v * (1.1 ** i))  # 10% change per step
+    assert decisions == [True, True, False, False, True, False, False, True]
+    with pytest.raises(InvalidInputError):
+        StepCache("fixed", cache_steps=(0,))
+
+
+def test_flashdrive_config_parsing():
+    from mmspec.drivers.flashdrive import FlashDriveConfig
+
+    assert FlashDriveConfig.parse(None) is None and FlashDriveConfig.parse(False) is None
+    full = FlashDriveConfig.parse(True)
+    assert full.names() == ["vision_cache", "stream", "step_cache", "system"] and not full.exact
+    assert FlashDriveConfig.parse("system").names() == ["system"] and FlashDriveConfig.parse("system").exact
+    for bad in ("warp", {"nope": 1}, {"step_cache": "sometimes"}, {"on_break": "ignore"}, 3):
+        with pytest.raises(InvalidInputError):
+            FlashDriveConfig.parse(bad)
+
+
+@pytest.mark.slow
+def test_drive_sim_command_writes_records(two_layer, tmp_path):
+    from mmspec.cli import main
+
+    model = str(tmp_path / "vla")
+    two_layer.save_pretrained(model)
+    out = tmp_path / "sim.json"
+    rc = main(["drive-sim", "--model", model, "--systems", "plain,flashdrive,stream", "--clips", "1", "--ticks", "2",
+               "--warmup", "1", "--closed-loop", "1", "--seconds", "2.3", "--samples", "2", "--threads", "1",
+               "--clips-dir", str(tmp_path / "clips"), "--json", str(out), "--no-progress"])
+    assert rc == 0
+    recs = json.loads(out.read_text())["results"]
+    assert [r["system"] for r in recs] == ["plain", "flashdrive", "stream"]
+    for r in recs:
+        lat, q = r["latency_ms"], r["quality"]
+        assert {"encode", "prefill", "decode", "action", "total", "p50", "p90"} <= set(lat) and r["hz"] > 0
+        assert {"min_ade", "min_ade_2", "collision_rate", "offroad_rate", "red_light_rate", "n_scenarios"} <= set(q)
+        assert q["n_scenarios"] == 1 and q["n_open_loop_ticks"] == 2
+    assert recs[0]["exact"] and not recs[1]["exact"]
+    assert recs[0]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
+    assert recs[2]["quality"]["stream_reuse_rate"] > 0.5
