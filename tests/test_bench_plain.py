@@ -43,7 +43,7 @@ def test_driving_records_latency_per_stage_and_quality(tiny_vla):
     (rec,) = report.results  # a car plans one tick at a time: batch 1 only
     assert COMMON <= set(rec) and rec["system"] == "ar" and rec["batch_size"] == 1 and rec["status"] == "ok"
     lat = rec["latency_ms"]
-    assert set(lat) == {"encode", "prefill", "decode", "action", "total", "p50", "p90"}
+    assert set(lat) == {"preprocess", "encode", "prefill", "decode", "action", "total", "p50", "p90"}
     assert 0 < lat["encode"] < lat["total"] and lat["action"] > 0 and lat["p50"] <= lat["p90"]
     q = rec["quality"]
     assert q["n"] == 2 and 0 <= q["reasoning_exact"] <= q["hazard_accuracy"] + 1 and q["min_ade_1"] > 0
