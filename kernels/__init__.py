@@ -3,6 +3,10 @@
 * :func:`tree_attention`: a draft tree's nodes attend to the cached prefix and to their own ancestors,
   read from the tree's parent array (GQA, head dims 64 and 128); :func:`register_tree_attention` makes it
   transformers' ``attn_implementation="mmspec_tree"``, which ``mmspec.TargetAdapter`` accepts.
+* :func:`greedy_accept` and :func:`sampling_accept`: the acceptance walk of a whole ragged batch in one
+  launch (greedy tree walk; speculative sampling on chains and multi-draft trees, with pre-drawn uniforms).
+* :func:`gather_slots`: KV compaction, one layer's keys and values gathered into place in one launch
+  (``TargetAdapter.commit`` uses it).
 
 Which implementation runs is chosen once per device type (:mod:`mmspec.kernels.dispatch`): Triton on CUDA,
 the reference elsewhere; ``MMSPEC_KERNELS=triton|reference`` forces either. This package imports nothing
@@ -16,12 +20,16 @@ Example:
     torch.Size([1, 2, 2, 64])
 """
 
+from .acceptance import (AcceptOutput, draw_randomness, greedy_accept, greedy_accept_reference, sampling_accept,
+                         sampling_accept_reference)
 from .attention import tree_attention, tree_attention_reference, tree_attention_supported, tree_visibility
+from .compaction import gather_slots, gather_slots_reference
 from .dispatch import backend, using
 from .hf import TREE_ATTENTION, TreeMetadata, use_tree_attention
 from .hf import register as register_tree_attention
 
 __all__ = [
     "tree_attention", "tree_attention_reference", "tree_attention_supported", "tree_visibility",
-    "backend", "using", "TREE_ATTENTION", "TreeMetadata", "register_tree_attention", "use_tree_attention",
+    "AcceptOutput", "greedy_accept", "greedy_accept_reference", "sampling_accept", "sampling_accept_reference",
+    "draw_randomness", "gather_slots", "gather_slots_reference", "backend", "using", "TREE_ATTENTION", "TreeMetadata", "register_tree_attention", "use_tree_attention",
 ]

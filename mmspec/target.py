@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import UnsupportedModelError
+from .kernels.compaction import gather_slots
 from .kernels.hf import TREE_ATTENTION, TREE_KWARG, TreeMetadata
 from .positions import StreamPositions, prefill_position_ids
 from .tree import DraftTree
@@ -382,12 +383,12 @@ def _regather(state: TargetState, kept: list, rows: torch.Tensor | None = None) 
     for i, k in enumerate(kept):
         idx[i, new_len - len(k):] = k
         valid[i, new_len - len(k):] = True
-    gathers, row_sel = _PerDevice(idx[:, None, :, None]), _PerDevice(rows)
+    gathers, row_sel = _PerDevice(idx), _PerDevice(rows)
     for layer in state.cache.layers:
-        keys = layer.keys if rows is None else layer.keys.index_select(0, row_sel[layer.keys])
-        values = layer.values if rows is None else layer.values.index_select(0, row_sel[layer.values])
-        layer.keys = torch.take_along_dim(keys, gathers[keys], dim=2)
-        layer.values = torch.take_along_dim(values, gathers[values], dim=2)
+        # Keys and values of a layer in one gather (one Triton launch on CUDA, index_select + take_along_dim
+        # elsewhere), rows selected inside the gather.
+        layer.keys, layer.values = gather_slots(layer.keys, layer.values, gathers[layer.keys],
+                                                None if rows is None else row_sel[layer.keys])
     state.valid = valid
 
 

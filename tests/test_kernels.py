@@ -200,3 +200,197 @@ def test_greedy_equals_generate_through_tree_attention(interpret, monkeypatch):
     assert torch.equal(out.sequences, ref)
     assert calls and len(calls) == 2 * out.stats.rounds  # every verify pass, both layers, ran the kernel
     assert out.stats.mean_accepted_length > 1
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+def _batch_for_acceptance(rng, sizes, vocab):
+    trees = [random_tree(rng, n, vocab) if n else DraftTree.empty() for n in sizes]
+    return trees, pack_trees(trees)
+
+
+def _chain_targets(packed, bonus: int = 0):
+    """target_ids that accept every node of a chain: query j predicts node j's token, then ``bonus``."""
+    b, n = packed.tokens.shape
+    ids = torch.full((b, n + 1), bonus, dtype=torch.long)
+    for r in range(b):
+        k = int(packed.n_nodes[r])
+        ids[r, :k] = packed.tokens[r, :k]
+    return ids
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_reference_equals_core_rule(seed):
+    from mmspec.acceptance import GreedyRule
+
+    rng = np.random.default_rng(seed)
+    trees, packed = _batch_for_acceptance(rng, [9, 0, 14, 5, 1], vocab=3)
+    scores = torch.randn(len(trees), packed.offsets.shape[1], 3, generator=torch.Generator().manual_seed(seed))
+    out = kernels.greedy_accept_reference(packed.tokens, packed.parents, packed.n_nodes, scores.argmax(-1))
+    lengths = []
+    for r, tree in enumerate(trees):
+        want = GreedyRule().accept(tree, scores[r, : len(tree) + 1])
+        assert out.path[r, : len(want.path)].tolist() == want.path and int(out.next_tokens[r]) == want.next_token
+        lengths.append(len(want.path))
+    assert out.lengths.tolist() == lengths and max(lengths) >= 2  # the walk went deeper than one node
+
+
+def test_greedy_kernel_equals_reference(interpret):
+    rng = np.random.default_rng(1)
+    trees, packed = _batch_for_acceptance(rng, [9, 0, 14, 5, 1, 3], vocab=3)
+    ids = torch.from_numpy(rng.integers(0, 3, packed.offsets.shape))
+    chains = pack_trees([DraftTree.from_chain([4, 5, 6]), DraftTree.from_chain([7]), DraftTree.empty()])
+    active = torch.tensor([True, True, True, True, False, True])
+    for packed, ids, act in ((packed, ids, None), (packed, ids, active), (chains, _chain_targets(chains, 9), None)):
+        args = (packed.tokens, packed.parents, packed.n_nodes, ids, act)
+        got, want = kernels.greedy_accept(*args), kernels.greedy_accept_reference(*args)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), (got, want)
+    assert want.lengths.tolist() == [3, 1, 0] and want.next_tokens.tolist() == [9, 9, 9]  # full acceptance
+    assert kernels.greedy_accept(*args[:4], torch.tensor([True, False, True])).committed[1].tolist() == [-1, -1, -1, -1]
+
+
+def _sampling_case(seed: int, sizes, vocab: int, with_q: bool):
+    rng = np.random.default_rng(seed)
+    trees, packed = _batch_for_acceptance(rng, sizes, vocab)
+    g = torch.Generator().manual_seed(seed)
+    b, q = packed.offsets.shape
+    logits = 2 * torch.randn(b, q, vocab, generator=g)
+    for r in range(b):  # the target likes the drafted tokens, so walks go deep and also stop early
+        for i in range(int(packed.n_nodes[r])):
+            logits[r, packed.parents[r, 1 + i], packed.tokens[r, i]] += 2 + 5 * torch.rand((), generator=g)
+    probs = torch.softmax(logits, -1)
+    draft = None
+    if with_q:
+        draft = torch.softmax(2 * torch.randn(b, q - 1, vocab, generator=g), -1)
+        draft[0] = 0  # row 0 deterministic (an all-zero q), the others drawn from q
+    return trees, packed, probs, draft
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_sampling_kernel_equals_reference(interpret, with_q):
+    sizes = [9, 0, 14, 5, 3]
+    trees, packed, probs, draft = _sampling_case(2, sizes, vocab=40, with_q=with_q)
+    active = torch.tensor([True, True, True, True, False])
+    depths = []
+    for seed in range(3):
+        u, e = kernels.draw_randomness(len(sizes), packed.tokens.shape[1], 40, torch.Generator().manual_seed(seed))
+        args = (packed.tokens, packed.parents, packed.n_nodes, probs, u, e, draft, active if seed == 2 else None)
+        got, want = kernels.sampling_accept(*args), kernels.sampling_accept_reference(*args)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), (got, want)
+        depths += want.lengths.tolist()
+    assert max(depths) >= 2 and want.committed[4].tolist() == [-1] * 15
+
+
+def test_sampling_kernel_full_acceptance_and_empty_draft(interpret):
+    chains = pack_trees([DraftTree.from_chain([3, 1, 2]), DraftTree.empty()])
+    probs = torch.full((2, 4, 5), 1e-3)
+    for j, tok in enumerate([3, 1, 2]):
+        probs[0, j, tok] = 1.0
+    probs = probs / probs.sum(-1, keepdim=True)
+    u, e = kernels.draw_randomness(2, 3, 5, torch.Generator().manual_seed(0))
+    u = u * probs[0, 0, 3]  # below p(x) at every node: the whole chain is accepted
+    args = (chains.tokens, chains.parents, chains.n_nodes, probs, u, e)
+    got, want = kernels.sampling_accept(*args), kernels.sampling_accept_reference(*args)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert want.lengths.tolist() == [3, 0] and want.committed[0, :3].tolist() == [3, 1, 2]
+    assert int(want.next_tokens[1]) == int(torch.argmax(probs[1, 0] / e[1]))
+
+
+def _tested_order(tree: DraftTree, path: list) -> list:
+    """The children SpeculativeSamplingRule tests (one uniform each, in this order) to end on ``path``."""
+    kids, order, cur = tree.children(), [], -1
+    for step in range(len(path) + 1):
+        for c in kids[cur + 1]:
+            order.append(c)
+            if step < len(path) and c == path[step]:
+                break
+        if step < len(path):
+            cur = path[step]
+    return order
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_sampling_reference_walks_like_core_rule(with_q):
+    """Fed the uniforms the core rule drew, node by node, the reference accepts the same path."""
+    from mmspec.acceptance import SpeculativeSamplingRule
+
+    sizes = [9, 0, 14, 5, 3]
+    trees, packed, probs, draft = _sampling_case(3, sizes, vocab=6, with_q=with_q)
+    lengths = []
+    for seed in range(12):
+        uniforms = torch.zeros(packed.tokens.shape)
+        paths = []
+        for r, tree in enumerate(trees):
+            if with_q:
+                tree = DraftTree(tree.tokens, tree.parents, draft[r, : len(tree)])
+            logits = probs[r, : len(tree) + 1].log()
+            res = SpeculativeSamplingRule().accept(tree, logits, torch.Generator().manual_seed(seed))
+            replay = torch.Generator().manual_seed(seed)
+            for c in _tested_order(tree, res.path):
+                uniforms[r, c] = torch.rand((), generator=replay)
+            paths.append(res.path)
+        e = torch.ones(len(sizes), 6)
+        out = kernels.sampling_accept_reference(packed.tokens, packed.parents, packed.n_nodes,
+                                                torch.softmax(probs.log(), -1), uniforms, e, draft)
+        assert [out.path[r, : len(p)].tolist() for r, p in enumerate(paths)] == paths
+        assert out.lengths.tolist() == [len(p) for p in paths]
+        lengths += [len(p) for p in paths]
+    assert max(lengths) >= 2 and 0 in lengths
+
+
+def test_sampling_reference_first_token_law():
+    """The first committed token follows the target's p at the root (lossless), over a tree whose tokens are
+    drawn from their q (two i.i.d. siblings at the root sharing q, one child under each)."""
+    from collections import Counter
+
+    from _chisq import chisq_pvalue
+
+    n, v = 1500, 4
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(1, 5, v, generator=g), -1).expand(n, 5, v)
+    q = torch.softmax(torch.randn(3, v, generator=g), -1)
+    draft = q[[0, 0, 1, 2]].expand(n, 4, v)
+    tokens = torch.stack([torch.multinomial(draft[0, i], n, replacement=True, generator=g) for i in range(4)], 1)
+    parents = torch.tensor([[-1, 0, 0, 1, 2]]).expand(n, 5)
+    u, e = kernels.draw_randomness(n, 4, v, g)
+    out = kernels.sampling_accept_reference(tokens, parents, torch.full((n,), 4), probs, u, e, draft)
+    counts = Counter(out.committed[:, 0].tolist())
+    assert chisq_pvalue(counts, dict(enumerate(probs[0, 0].tolist())), n) > 1e-3
+    assert 0 < int((out.lengths == 0).sum()) < n  # both outcomes at the root: acceptances and residual draws
+
+
+# ---------------------------------------------------------------------------------------------- compaction
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 64), (torch.float16, 24)])
+def test_gather_slots_kernel_equals_reference(interpret, dtype, d):
+    g = torch.Generator().manual_seed(d)
+    keys = torch.randn(3, 2, 11, d, generator=g).to(dtype)
+    values = torch.randn(3, 2, 11, d, generator=g).to(dtype)
+    index = torch.randint(0, 11, (2, 9), generator=g)
+    for rows in (None, torch.tensor([2, 0])):
+        idx = index if rows is not None else torch.randint(0, 11, (3, 9), generator=g)
+        got = kernels.gather_slots(keys, values, idx, rows)
+        want = kernels.gather_slots_reference(keys, values, idx, rows)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_commit_with_kernels_equals_reference():
+    """TargetAdapter.commit (uneven paths, a finished row leaving) moves the same bytes either way."""
+    model = _tiny_qwen2("sdpa")
+    inputs = left_pad([[1, 5, 9, 4, 7, 3], [1, 8, 8], [1, 2, 3, 4]])
+    trees = [DraftTree.from_sequences([[3, 4, 5], [6]]), DraftTree.empty(), DraftTree.from_chain([7, 7])]
+    caches = []
+    for name in ("reference", "triton"):
+        with dispatch.using("reference"):
+            adapter = TargetAdapter(model)
+            state, _, _ = adapter.prefill(inputs["input_ids"], {"attention_mask": inputs["attention_mask"]})
+            adapter.score(state, trees)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TRITON_INTERPRET", "1")
+            with dispatch.using(name):
+                adapter.commit(state, [[0, 1], [], [0]], torch.tensor([4, 5, 6]), keep_rows=[0, 2])
+        caches.append([(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers] + [state.valid])
+    assert caches[0][-1].tolist() == [[True] * 9, [False] * 3 + [True] * 6]  # 6 + 1 + 2 and 4 + 1 + 1 slots
+    for a, b in zip(caches[0][:-1], caches[1][:-1]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
