@@ -108,6 +108,9 @@ class MMSpecPipeline:
         model: the target, as loaded by transformers.
         processor: its processor (or tokenizer, for text-only targets).
         drafter: the drafter paired with the target (``None``: plain decoding through the same loop).
+        drafter_choice: with ``drafter="auto"``, the :class:`~mmspec.drafters.auto.AutoChoice` (what was chosen,
+            what was skipped and why); else ``None``.
+        notes: lines about how the pipeline was set up (``"auto"``'s choice and skipped drafters).
     """
 
     task: str = ""
@@ -117,9 +120,11 @@ class MMSpecPipeline:
         self.model = model
         self.processor = processor
         self.drafter = make_drafter(drafter, model)
+        self.drafter_choice = getattr(self.drafter, "auto_choice", None)
+        self.notes = list(self.drafter_choice.notes) if self.drafter_choice is not None else []
 
     @classmethod
-    def from_pretrained(cls, target, drafter=None, task=None, dtype="auto", device_map=None, **kw):
+    def from_pretrained(cls, target, drafter=None, task=None, dtype="auto", device_map=None, drafter_dir=None, **kw):
         """Load ``target`` (local folder or hub id) into the pipeline that serves it, paired with ``drafter``.
 
         Why: one call from checkpoint to a ready speculative decoder; the pipeline class is chosen from
@@ -129,7 +134,10 @@ class MMSpecPipeline:
         Args:
             target: a folder written by ``save_pretrained`` or a hub id (hub ids need network access).
             drafter: anything :func:`mmspec.registry.make_drafter` takes: ``None``, a Drafter,
-                ``"lookup"``, ``"draft-model:PATH"``, ``{"kind": ..., ...}``.
+                ``"lookup"``, ``"draft-model:PATH"``, ``{"kind": ..., ...}``; ``"auto"``: the saved drafter with
+                the best validation τ for this target among those bundled with it, under ``drafter_dir`` and in
+                the mmspec cache (:mod:`mmspec.drafters.auto`; the choice is in ``pipe.notes``).
+            drafter_dir: with ``drafter="auto"``, a folder of saved drafters (or one saved drafter) to consider.
             task: force a pipeline (``"vlm"``, ``"driving"``, ``"images"``); by default the task the
                 checkpoint's config names (``mmspec_task``, written by the driving and image pipelines'
                 ``save_pretrained``), else chosen from the model type.
@@ -151,10 +159,16 @@ class MMSpecPipeline:
             >>> pipe = MMSpecPipeline.from_pretrained("path/to/tiny-vlm", drafter="lookup")  # doctest: +SKIP
             >>> type(pipe).__name__                                                          # doctest: +SKIP
             'VLMPipeline'
+            >>> pipe = MMSpecPipeline.from_pretrained("vlm", drafter="auto", drafter_dir="runs")  # doctest: +SKIP
+            >>> pipe.notes                                                                   # doctest: +SKIP
         """
         from .checkpoints import resolve_dtype
 
         trust_remote_code = bool(kw.pop("trust_remote_code", False))
+        if drafter_dir is not None:
+            if drafter != "auto":
+                raise InvalidInputError(f"drafter_dir goes with drafter='auto' (got drafter={drafter!r})")
+            drafter = {"kind": "auto", "drafter_dir": drafter_dir}
         check_device_map(device_map)
         dtype = resolve_dtype(dtype)  # a bad name fails before the folder is read
         config = load_target_config(target, trust_remote_code=trust_remote_code)

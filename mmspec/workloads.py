@@ -254,16 +254,29 @@ def bundled_drafter_path(kind: str, target_model) -> str | None:
         >>> bundled_drafter_path("eagle", None) is None
         True
     """
+    for spec in bundled_drafter_specs(target_model):
+        spec_kind, _, path = spec.split(";")[0].partition(":")
+        if spec_kind == kind and path:
+            return path
+    return None
+
+
+def bundled_drafter_specs(target_model) -> list[str]:
+    """Every drafter spec that ships for ``target_model`` (``"kind:DIR;options"``, each once, in workload order):
+    those of the workloads whose :meth:`Workload.bundled_model` is the folder the target was loaded from.
+
+    Example:
+        >>> bundled_drafter_specs(None)
+        []
+    """
     loaded_from = getattr(target_model, "name_or_path", None) if target_model is not None else None
     if not loaded_from or not os.path.isdir(loaded_from):
-        return None
+        return []
     here = os.path.realpath(loaded_from)
+    specs = []
     for name in workload_names():
         wl = _WORKLOADS[name]()
         model = wl.bundled_model()
         if model and os.path.realpath(model) == here:
-            for spec in wl.bundled_drafters():
-                spec_kind, _, path = spec.split(";")[0].partition(":")
-                if spec_kind == kind and path:
-                    return path
-    return None
+            specs += [s for s in wl.bundled_drafters() if s not in specs]
+    return specs

@@ -18,6 +18,9 @@ from ..registry import register_drafter as _register_drafter  # noqa: E402
 from .eagle import _eagle_spec_factory  # noqa: E402
 
 _register_drafter("eagle", _eagle_spec_factory)
+from .auto import auto_factory as _auto_factory  # noqa: E402
+
+_register_drafter("auto", _auto_factory)  # the saved drafter with the best validation tau (mmspec.drafters.auto)
 
 __all__ = ["Drafter", "DraftContext", "RoundResult", "PromptLookupDrafter", "DraftModelDrafter", "NoisyOracleDrafter",
            "TrainableDrafter", "target_fingerprint", "EagleDrafter", "train_eagle", "UnionDrafter"]
