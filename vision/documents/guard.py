@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from transformers import LogitsProcessor
 
 from mmspec.errors import InvalidInputError
 
@@ -111,8 +110,11 @@ class GuardSettings:
                 "temperatures": list(self.temperatures)}
 
 
-class RepetitionGuard(LogitsProcessor):
+class RepetitionGuard:
     """Logits processor: where the generated tokens end in a loop, only ``eos_token_id`` may come next.
+
+    It follows transformers' ``LogitsProcessor`` protocol (``__call__(input_ids, scores) -> scores``) without
+    subclassing it, so that importing :mod:`mmspec.vision` does not import transformers.
 
     Give ``generate`` (transformers' or mmspec's) a fresh one per call: it takes the prompt length from the
     first call it sees (the prefill's ``input_ids``), so that the prompt (hundreds of identical image

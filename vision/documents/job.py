@@ -350,7 +350,7 @@ class _Decoder:
         return results
 
 
-def _record(item: _Item, text: str, attempts: list, error: str | None, load_s: float, guard: bool) -> dict:
+def _record(item: _Item, text: str, attempts: list, error: str | None, load_s: float, guard: bool, rank: int) -> dict:
     final = attempts[-1] if attempts else {}
     ok = error is None
     changed = guard and bool(attempts) and (len(attempts) > 1 or final.get("finish") == "loop")
@@ -362,6 +362,7 @@ def _record(item: _Item, text: str, attempts: list, error: str | None, load_s: f
         "attempts": attempts, "changed_by_guard": changed,
         "timings": {"load_s": load_s, "decode_s": sum(a.get("decode_s", 0.0) for a in attempts)},
         "stats": {"rounds": final.get("rounds", 0), "batch": final.get("batch")},
+        "rank": rank,  # the process that decoded it (which worker to look at when a page is odd)
     }
 
 
@@ -448,7 +449,7 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
                             raise InvalidInputError(it.error)
                         img = loader.load(it.source, it.page)
                     except MMSpecError as e:
-                        records.append(_record(it, "", [], str(e), time.perf_counter() - t0, cfg.guard))
+                        records.append(_record(it, "", [], str(e), time.perf_counter() - t0, cfg.guard, rank))
                         continue
                     ok_items.append(it)
                     images.append(img)
@@ -456,7 +457,7 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
                 if ok_items:
                     for it, load_s, (text, attempts, error) in zip(
                             ok_items, loads, decoder.decode([it.id for it in ok_items], images)):
-                        records.append(_record(it, text, attempts, error, load_s, cfg.guard))
+                        records.append(_record(it, text, attempts, error, load_s, cfg.guard, rank))
                 order = {it.id: k for k, it in enumerate(chunk)}
                 records.sort(key=lambda r: order[r["id"]])
                 written += store.write_many(records)
