@@ -47,7 +47,7 @@ def _sampling(
     n = tl.load(n_nodes_ptr + b)
     cols0 = tl.arange(0, BLOCK_V)
     scratch = scratch_ptr + b * vocab
-    cur = 0
+    cur = tl.full((), 0, tl.int64)  # the node loop's index is int64: keep `cur` the same type
     length = 0
     fresh = 1  # 1: the residual is the target's p at `cur` as given; 0: it lives in `scratch`
     if tl.load(active_ptr + b) != 0:

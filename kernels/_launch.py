@@ -59,9 +59,11 @@ def _library_callable():
 
     In interpreter mode Triton builds them as ``InterpretedFunction``s, whose call patches the language for
     the function and runs its rewritten Python; this does the same for functions built before the mode
-    was known. Restored on exit; a lock keeps two interpreted launches from interleaving the patch.
+    was known, and undoes its language patch after each call (``InterpretedFunction`` leaves it in place,
+    which would break compiling kernels later in the same process). Restored on exit; a lock keeps two
+    interpreted launches from interleaving the patch.
     """
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
     from triton.runtime.jit import JITFunction
 
     cache: dict = {}
@@ -69,8 +71,13 @@ def _library_callable():
     def call(self, *args, **kwargs):
         fn = cache.get(self.fn)
         if fn is None:
-            fn = cache[self.fn] = InterpretedFunction(self.fn)
-        return fn(*args, **kwargs)
+            fn = cache[self.fn] = InterpretedFunction(self.fn).rewrite()
+        scope = _patch_lang(self.fn)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if scope is not None:
+                scope.restore()
 
     with _lock:
         original = JITFunction.__call__

@@ -43,7 +43,8 @@ def gather_slots_reference(keys, values, index, rows=None):
 def gather_slots(keys, values, index, rows=None, backend: str | None = None):
     """``(keys, values)`` re-laid to ``[B', H, T, D]``: slot ``index[i, t]`` of batch row ``rows[i]``.
 
-    ``keys`` and ``values`` are one layer's ``[B, H, S, D]`` tensors (same shape and dtype); ``index`` is
+    ``keys`` and ``values`` are one layer's ``[B, H, S, D]`` tensors (the kernel takes them when they share
+    shape and dtype; otherwise the reference runs); ``index`` is
     ``int[B', T]`` with entries in ``[0, S)``; ``rows`` (``int[B']``) selects batch rows, ``None`` keeps all.
 
     Example:
@@ -53,13 +54,12 @@ def gather_slots(keys, values, index, rows=None, backend: str | None = None):
         (True, (2, 3, 2, 4))
     """
     b_out, t_out = index.shape
-    if keys.shape != values.shape or keys.dtype != values.dtype or keys.dim() != 4:
-        raise ValueError(f"gather_slots: keys {tuple(keys.shape)} and values {tuple(values.shape)} differ")
     if (rows is None and b_out != keys.shape[0]) or (rows is not None and rows.shape != (b_out,)):
         raise ValueError(f"gather_slots: index {tuple(index.shape)} does not fit {keys.shape[0]} rows / rows")
     name = backend or _backend(keys.device)
-    if name != "triton" or (keys.dtype == torch.bfloat16 and (keys.device.type == "cpu" or interpreting())):
-        return gather_slots_reference(keys, values, index, rows)
+    if name != "triton" or keys.shape != values.shape or keys.dtype != values.dtype or keys.dim() != 4 or (
+            keys.dtype == torch.bfloat16 and (keys.device.type == "cpu" or interpreting())):
+        return gather_slots_reference(keys, values, index, rows)  # e.g. keys and values of different widths
     from ._compaction_kernel import gather_kernel
 
     _, h, _, d = keys.shape

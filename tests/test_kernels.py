@@ -394,3 +394,33 @@ def test_commit_with_kernels_equals_reference():
     assert caches[0][-1].tolist() == [[True] * 9, [False] * 3 + [True] * 6]  # 6 + 1 + 2 and 4 + 1 + 1 slots
     for a, b in zip(caches[0][:-1], caches[1][:-1]):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# ---------------------------------------------------------------------------------------------- CUDA build
+def _compile_for_cuda(fn, types: list, constexprs: dict) -> None:
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(zip(inspect.signature(fn).parameters, types + ["constexpr"] * len(constexprs)))
+    compiled = triton.compile(ASTSource(triton.jit(fn), sig, constexprs), target=GPUTarget("cuda", 90, 32))
+    assert "cubin" in compiled.asm
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_cuda_without_a_gpu():
+    """The interpreter forgives what the compiler refuses (types of loop-carried values, say): build each
+    kernel for an sm_90 GPU with Triton's bundled ptxas, as a GPU run would."""
+    from mmspec.kernels import _acceptance_kernel as acc, _attention_kernel as att, _compaction_kernel as comp
+
+    _compile_for_cuda(acc._greedy, ["*i64"] * 4 + ["*i8"] + ["*i64"] * 3 + ["i32"] * 6, {"BLOCK": 64})
+    sampling = ["*i64"] * 3 + ["*fp32"] * 4 + ["*i8", "*fp32"] + ["*i64"] * 3 + ["i32"] * 11
+    for has_q in (False, True):
+        _compile_for_cuda(acc._sampling, sampling, {"HAS_Q": has_q, "BLOCK_V": 1024})
+    _compile_for_cuda(comp._gather, ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 14, {"BLOCK_T": 32, "BLOCK_D": 128})
+    for dt, d, precision in (("bf16", 128, "tf32"), ("fp16", 64, "tf32"), ("fp32", 64, "ieee")):
+        types = [f"*{dt}"] * 4 + ["*i8", "*i32"] + ["i32"] * 21 + ["fp32"]
+        _compile_for_cuda(att._tree_attention, types, {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 64 if d == 64 else 32,
+                                                       "PRECISION": precision})
