@@ -124,6 +124,8 @@ def _open_pdf(path: str):
         if "password" in msg.lower():
             raise InvalidInputError(f"encrypted PDF: a password is needed to open it ({msg})") from None
         raise InvalidInputError(f"cannot open PDF: {msg}") from None
+    except OSError as e:  # gone since it was listed, or unreadable
+        raise InvalidInputError(f"cannot open PDF: {e.strerror or e}: {path}") from None
 
 
 def count_pages(source: Source) -> tuple[int, str | None]:

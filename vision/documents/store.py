@@ -20,7 +20,9 @@ reader sees the old file or the new one, never half of one.
 Example:
     >>> import tempfile
     >>> p = os.path.join(tempfile.mkdtemp(), "pages.jsonl")
-    >>> w = SharedJsonlWriter(p); w.write({"id": "a.png#1", "text": "hi"}); w.close()
+    >>> w = SharedJsonlWriter(p); w.write({"id": "a.png#1", "text": "hi"}), w.write({"id": "a.png#1"})
+    (True, False)
+    >>> w.close()
     >>> other = SharedJsonlWriter(p); sorted(other.rows)
     ['a.png#1']
 """
