@@ -110,6 +110,8 @@ def test_demo_on_the_bundled_trained_target(capsys):
     # auto runs the bf16 checkpoint in bf16 where the CPU computes in it natively, in float32 elsewhere
     assert re.search(r"equals model.generate \(greedy, (bfloat16|float32)\): True", out), out
     assert "testbed-vlm" in out and "wall clock" in out and "dtype: " in out
+    # drafter="auto" picked the shipped head by its validation figures, and the run counts the target's passes
+    assert "auto: chose eagle (bundled)" in out and re.search(r"target passes: model.generate \d+, mmspec \d+", out)
 
 
 @pytest.mark.parametrize("dtype, rc", [("float32", 1), ("bfloat16", 0)])

@@ -55,6 +55,9 @@ head = EagleDrafter.from_pretrained(sys.argv[1])
 head.stop = ConfidenceStop.parse(0.3)  # the shipped early stop (assets README)
 head.save_pretrained(sys.argv[2], dtype=torch.bfloat16)
 PY
+cp "$W/eagle/val_log.jsonl" "$HERE/testbed-vlm-eagle/"
+# Its validation block (held-out acceptance and the tau it estimates), which drafter="auto" ranks drafters by.
+python -m mmspec.drafters.validation "$HERE/testbed-vlm-eagle"
 # ---------------------------------------------------------------------------------------------------------------
 # The faithful target of issue 14, IN TRAINING (not bundled yet; README.md, "Faithful target, in training").
 # Warm start from the shipped target; pages, blocks and lines (50 / 35 / 15% of docs items) with charts a quarter
