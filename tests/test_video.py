@@ -192,3 +192,16 @@ def test_qwen2_5_vl_processor_gets_seconds_per_grid(vlm_pipe, clips):
     inputs = pipe.prepare(video=clips[0], fps=5.0, prompt="What happens?")  # 10 of 20 frames at 10 fps: 5 fps
     assert inputs["second_per_grid_ts"].tolist() == pytest.approx([2 / 5.0])
     assert inputs["video_grid_thw"][0, 0].item() == 5
+
+
+def test_cli_generate_with_a_video(tiny_vlm, vlm_pipe, clips, capsys):
+    import json
+
+    from mmspec.cli import main
+
+    assert main(["generate", "--model", tiny_vlm, "--video", clips[0], "--num-frames", "4", "--prompt", "What happens?",
+                 "--max-new-tokens", "6", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["text"] == vlm_pipe(video=clips[0], num_frames=4, prompt="What happens?", max_new_tokens=6).text
+    assert main(["generate", "--model", tiny_vlm, "--video", "/no/such/clip.mp4", "--prompt", "What happens?"]) == 2
+    assert "video file not found: /no/such/clip.mp4" in capsys.readouterr().err
