@@ -202,6 +202,32 @@ def test_greedy_equals_generate_through_tree_attention(interpret, monkeypatch):
     assert out.stats.mean_accepted_length > 1
 
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_vlm_greedy_equals_generate_through_tree_attention(interpret, monkeypatch, family):
+    """Qwen2-VL / Qwen3-VL (M-RoPE, images, batch 4, trees) with only the text decoder on 'mmspec_tree'."""
+    import _tiny_qwen_vl as T
+    from mmspec.drafters import NoisyOracleDrafter
+
+    prompts = [{"pre": 3, "images": [(56, 56)], "post": 5}, {"pre": 1, "post": 2},
+               {"pre": 6, "images": [(28, 56), (56, 28)], "post": 3}, {"pre": 2, "images": [(56, 56)], "post": 9}]
+    calls = []
+    real = attn_mod._tree_attention_triton
+    monkeypatch.setattr(attn_mod, "_tree_attention_triton", lambda *a: calls.append(1) or real(*a))
+    model = T.build(family, hidden=256)  # head dim 64: the kernel's
+    inputs = T.make_inputs(family, prompts)
+    ref = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    kernels.use_tree_attention(model)
+    assert model.config.text_config._attn_implementation == kernels.TREE_ATTENTION
+    assert model.config.vision_config._attn_implementation == "sdpa"
+    plen = inputs["input_ids"].shape[1]
+    drafter = NoisyOracleDrafter(ref[:, plen:], depth=3, extra_branches=2, vocab_size=T.VOCAB)
+    out = mmspec.generate(model, inputs, drafter=drafter, max_new_tokens=8)
+    assert torch.equal(out.sequences, ref)
+    assert len(calls) == 2 * out.stats.rounds and out.stats.mean_accepted_length > 1
+
+
 # ---------------------------------------------------------------------------------------------- acceptance
 def _batch_for_acceptance(rng, sizes, vocab):
     trees = [random_tree(rng, n, vocab) if n else DraftTree.empty() for n in sizes]
