@@ -81,6 +81,12 @@ def _rig(path, chain: int, loop: bool, delta: float = 0.05, base=None) -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def _own_drafter_cache(tmp_path_factory, monkeypatch):
+    # --drafter auto also looks in the mmspec drafter cache: keep other runs' drafters out of these tests
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path_factory.mktemp("mmspec-cache")))
+
+
 @pytest.fixture(scope="module")
 def ending_vlm(tmp_path_factory, tiny_vlm):
     return _rig(tmp_path_factory.mktemp("ending-vlm"), chain=12, loop=False, base=tiny_vlm)

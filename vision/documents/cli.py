@@ -38,8 +38,9 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created; a rerun resumes it)")
     p.add_argument("--model", default=None, help="target checkpoint (default: the bundled testbed target)")
     p.add_argument("--drafter", default="auto",
-                   help="'auto' (default: the bundled EAGLE head for the bundled target, else lookup), 'lookup', "
-                        "'eagle:DIR', another registered kind, or 'none'")
+                   help="'auto' (default: the saved drafter with the best validation tau for the target, e.g. the "
+                        "bundled EAGLE head for the bundled target, else lookup), 'lookup', 'eagle:DIR', another "
+                        "registered kind, or 'none'")
     p.add_argument("--prompt", default=None,
                    help="instruction sent with each page (default: the docs workload's full-page prompt, "
                         "'Transcribe this page to Markdown.')")

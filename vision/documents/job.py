@@ -69,8 +69,9 @@ class ParseConfig:
         inputs: files and folders of images (PNG, JPEG, TIFF, WebP) and PDFs.
         out: output folder (created): ``pages.jsonl``, ``manifest.json``, ``markdown/<input tree>.md``.
         model: target checkpoint (default: the bundled testbed target).
-        drafter: a drafter spec; ``"auto"``: the bundled EAGLE head for the bundled target, else ``lookup``;
-            ``None`` / ``"none"``: plain decoding.
+        drafter: a drafter spec, as :func:`mmspec.registry.make_drafter` takes; ``"auto"`` (default): the saved
+            drafter with the best validation τ for the target (:mod:`mmspec.drafters.auto`: the bundled EAGLE head
+            for the bundled target), else ``lookup``; ``None`` / ``"none"``: plain decoding.
         prompt: the instruction sent with each page (default :func:`default_prompt`).
         batch_size: pages decoded together.
         max_new_tokens: token cap per page; ``None``: the room the context window leaves (pages are decoded
@@ -207,20 +208,14 @@ def _check_job(out: str, settings: dict, items: list[_Item], rank: int) -> None:
                                                   "path": it.source.path} for it in items]}, indent=1))
 
 
-def _default_model_and_drafter(model, drafter):
-    from ..testbed import bundled_eagle, bundled_target
+def _default_model(model):
+    from ..testbed import bundled_target
 
-    bundled = bundled_target()
     if model is None:
-        if bundled is None:
+        model = bundled_target()
+        if model is None:
             raise InvalidInputError("this install has no bundled testbed target: pass --model")
-        model = bundled
-    if drafter == "auto":
-        is_bundled = bundled is not None and os.path.isdir(model) and os.path.samefile(model, bundled)
-        drafter = f"eagle:{bundled_eagle()}" if is_bundled and bundled_eagle() else "lookup"
-    if drafter in ("", "none"):
-        drafter = None
-    return model, drafter
+    return model
 
 
 def _load_pipe(model: str, drafter, cfg: ParseConfig):
@@ -404,7 +399,7 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
     if not prompt.strip():
         raise InvalidInputError("the prompt is empty")
     if pipe is None:
-        model, drafter = _default_model_and_drafter(cfg.model, cfg.drafter)
+        model, drafter = _default_model(cfg.model), (None if cfg.drafter in ("", "none") else cfg.drafter)
         from mmspec.pipelines import load_target_config
 
         load_target_config(model)  # a missing or unreadable model is said before any page is counted
@@ -430,6 +425,9 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
         if todo:
             if pipe is None:
                 pipe = _load_pipe(model, drafter, cfg)
+                if rank == 0 and cfg.progress:
+                    for note in getattr(pipe, "notes", []):
+                        print(f"parse-docs: {note}", file=sys.stderr)
             decoder = _Decoder(pipe, cfg, prompt)
         loader = PageLoader(cfg.longest_side, _max_pixels(pipe) if pipe is not None else None)
         from tqdm.auto import tqdm
