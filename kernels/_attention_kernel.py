@@ -32,39 +32,27 @@ def _tree_attention(
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
 
-    # The cached prefix: committed slots only (left padding and holes are skipped by the validity row).
-    for start in range(0, n_prefix, BLOCK_N):
+    # Keys: the cached prefix (committed slots only: left padding and holes are skipped by the validity
+    # row), then the tree, where each query sees itself and its ancestors, found by walking the parents.
+    n_keys = n_prefix + n_queries
+    for start in range(0, n_keys, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < n_prefix
-        seen = tl.load(valid_ptr + b * stride_valid + cols, mask=col_ok, other=0) != 0
-        kt = tl.load(k_base + cols[:, None] * stride_kn + d[None, :], mask=col_ok[:, None], other=0.0)
-        vt = tl.load(v_base + cols[:, None] * stride_vn + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale
-        s = tl.where(seen[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully hidden tile adds nothing, no NaN
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
-        m_i = m_new
-
-    # The tree: each query sees itself and its ancestors, found by walking the parent array.
-    for start in range(0, n_queries, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < n_queries
-        slots = n_prefix + cols
-        kt = tl.load(k_base + slots[:, None] * stride_kn + d[None, :], mask=col_ok[:, None], other=0.0)
-        vt = tl.load(v_base + slots[:, None] * stride_vn + d[None, :], mask=col_ok[:, None], other=0.0)
-        cur = tl.where(row_ok, qi, -1)
-        seen = cols[None, :] == cur[:, None]
-        for _ in range(depth_steps):
-            cur = tl.load(parents_ptr + b * stride_parents + cur, mask=cur >= 0, other=-1)
-            seen = seen | (cols[None, :] == cur[:, None])
+        kt = tl.load(k_base + cols[:, None] * stride_kn + d[None, :], mask=(cols < n_keys)[:, None], other=0.0)
+        vt = tl.load(v_base + cols[:, None] * stride_vn + d[None, :], mask=(cols < n_keys)[:, None], other=0.0)
+        committed = tl.load(valid_ptr + b * stride_valid + cols, mask=cols < n_prefix, other=0) != 0
+        if start + BLOCK_N > n_prefix:
+            node = tl.where(cols >= n_prefix, cols - n_prefix, -2)  # -2: a prefix slot, never a query
+            cur = tl.where(row_ok, qi, -1)
+            seen = committed[None, :] | (node[None, :] == cur[:, None])
+            for _ in range(depth_steps):
+                cur = tl.load(parents_ptr + b * stride_parents + cur, mask=cur >= 0, other=-1)
+                seen = seen | (node[None, :] == cur[:, None])
+        else:
+            seen = tl.broadcast_to(committed[None, :], (BLOCK_M, BLOCK_N))
         s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully hidden tile adds nothing, no NaN
         p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
