@@ -49,7 +49,7 @@ def _sampling(
     scratch = scratch_ptr + b * vocab
     cur = tl.full((), 0, tl.int64)  # the node loop's index is int64: keep `cur` the same type
     length = 0
-    fresh = 1  # 1: the residual is the target's p at `cur` as given; 0: it lives in `scratch`
+    fresh = 1  # 1: the residual p' is the target's p at `cur` as given; 0: it lives in `scratch`
     if tl.load(active_ptr + b) != 0:
         # Children are tested in node order and every child follows its parent, so one pass over the
         # nodes walks the whole tree: after an acceptance only the new node's children match `cur`.
@@ -58,10 +58,8 @@ def _sampling(
                 x = tl.load(tokens_ptr + b * stride_tok + i)
                 u = tl.load(uniforms_ptr + b * stride_u + i)
                 base = target_ptr + b * stride_tb + cur * stride_tq
-                if fresh == 1:
-                    px = tl.load(base + x)
-                else:
-                    px = tl.load(scratch + x)
+                resid = tl.where(fresh == 1, base, scratch)  # where p' lives now
+                px = tl.load(resid + x)
                 qx = 0.0
                 if HAS_Q:
                     qx = tl.load(draft_ptr + b * stride_db + i * stride_dn + x)
@@ -81,10 +79,7 @@ def _sampling(
                     for start in range(0, vocab, BLOCK_V):
                         cols = start + cols0
                         m = cols < vocab
-                        if fresh == 1:
-                            r = tl.load(base + cols, mask=m, other=0.0)
-                        else:
-                            r = tl.load(scratch + cols, mask=m, other=0.0)
+                        r = tl.load(resid + cols, mask=m, other=0.0)
                         if qx <= 0.0:
                             r = tl.where(cols == x, 0.0, r)
                         else:
@@ -101,16 +96,13 @@ def _sampling(
                             tl.store(scratch + cols, tl.load(scratch + cols, mask=m, other=0.0) / total, mask=m)
                         fresh = 0
         # The next token: argmax of p' / E over the vocabulary (E ~ Exp(1)), first index on ties.
-        base = target_ptr + b * stride_tb + cur * stride_tq
+        resid = tl.where(fresh == 1, target_ptr + b * stride_tb + cur * stride_tq, scratch)
         best = -1.0
         best_i = 0
         for start in range(0, vocab, BLOCK_V):
             cols = start + cols0
             m = cols < vocab
-            if fresh == 1:
-                r = tl.load(base + cols, mask=m, other=0.0)
-            else:
-                r = tl.load(scratch + cols, mask=m, other=0.0)
+            r = tl.load(resid + cols, mask=m, other=0.0)
             e = tl.load(exp_ptr + b * stride_e + cols, mask=m, other=1.0)
             ratio = tl.where(m, r / e, -1.0)
             top = tl.max(ratio, 0)
