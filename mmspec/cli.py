@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", required=True, help="target checkpoint: a folder written by save_pretrained (or hub id)")
     g.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="an image file; repeat for several images")
+    g.add_argument("--video", action="append", default=[], metavar="PATH",
+                   help="a video clip (read with decord); repeat for several")
+    g.add_argument("--fps", type=float, default=None, help="with --video: frames sampled per second (default 2)")
+    g.add_argument("--num-frames", type=int, default=None, help="with --video: frames sampled per clip, evenly spaced")
     g.add_argument("--prompt", default=None, help="the user prompt (or --inputs FILE.jsonl for many requests)")
     g.add_argument("--inputs", default=None, metavar="FILE.jsonl",
                    help='requests, one JSON object a line: {"images": [paths relative to the file], "prompt": ...}; '
@@ -51,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=1, help="with --inputs: requests decoded together")
     g.add_argument("--no-progress", action="store_true", help="with --inputs: no progress bar")
     g.add_argument("--drafter", default="lookup",
-                   help="'lookup' (default), 'draft-model:PATH', another registered kind, or 'none'")
+                   help="'lookup' (default), 'auto' (the saved drafter with the best validation tau for this target), "
+                        "'draft-model:PATH', another registered kind, or 'none'")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, default=None)
@@ -135,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stage", choices=("all", "data", "fit"), default="all",
                    help="data: stage 1 only; fit: stage 2 only (on existing shards); all: both (default)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--data", default="", metavar="DIR",
+                   help="read (and write) the target data here instead of OUT/data, e.g. another run's data folder")
+    t.add_argument("--init-drafter", default="", metavar="DIR",
+                   help="start stage 2 from this saved drafter (same kind and target) instead of a fresh one")
     _dtype_argument(t, "the target's dtype in the data stage")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     from .registry import registered_commands
@@ -168,8 +177,8 @@ def _generate(args) -> int:
 
     requests = None
     if args.inputs is not None:  # checked before the model loads
-        if args.prompt is not None or args.image:
-            raise InvalidInputError("--inputs carries the prompts and images: drop --prompt / --image")
+        if args.prompt is not None or args.image or args.video:
+            raise InvalidInputError("--inputs carries the prompts and images: drop --prompt / --image / --video")
         if not args.out:
             raise InvalidInputError("--inputs needs --out OUT.jsonl (one output line per request)")
         if args.batch_size < 1:
@@ -204,6 +213,8 @@ def _generate(args) -> int:
         print(f"mmspec: {done['written']} requests written to {done['out']}"
               + (f" ({done['skipped']} already there, skipped)" if done["skipped"] else ""), file=sys.stderr)
         return 0
+    if args.video or args.fps is not None or args.num_frames is not None:  # only the VLM pipeline takes clips
+        kwargs.update(video=list(args.video) or None, fps=args.fps, num_frames=args.num_frames)
     out = pipe(images=list(args.image) or None, prompt=args.prompt, max_new_tokens=args.max_new_tokens, **kwargs)
     if args.json:
         print(json.dumps({"text": out.text, "stats": out.stats.to_dict()}))
@@ -270,7 +281,7 @@ def _train(args) -> int:
                       shard_size=args.shard_size, num_draft_tokens=args.num_draft_tokens, resume=args.resume,
                       val_shards=args.val_shards, options=args.options or {},
                       seed=args.seed, split=args.split, threads=args.threads, progress=not args.no_progress,
-                      dtype=args.dtype)
+                      dtype=args.dtype, data=args.data, init_drafter=args.init_drafter)
     {"all": train, "data": collect_data, "fit": fit}[args.stage](cfg)
     from .train import run_summary
 

@@ -410,6 +410,8 @@ def generate(
     for r, g in enumerate(generated):
         tail[r, : len(g)] = torch.tensor(g, dtype=input_ids.dtype)
     stats.generated = sum(len(g) for g in generated)
+    if drafter is not None:
+        stats.drafter_counters = dict(drafter.counters())
     stats.total_time = time.perf_counter() - t_start
     return GenerateOutput(torch.cat([padded_prompt, tail], dim=1).to(device), stats)
 

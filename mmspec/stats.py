@@ -57,6 +57,8 @@ class SpecStats:
     accept_time: float = 0.0
     commit_time: float = 0.0
     total_time: float = 0.0
+    drafter_counters: dict = field(default_factory=dict)
+    """The drafter's own counts over the run (:meth:`mmspec.drafters.Drafter.counters`), summed by :meth:`merge`."""
     entropy_trace: list = field(default_factory=list)
     """``[entropy, committed]`` per row-round when ``generate(..., record_entropy=True)``: the target's
     next-token entropy (nats) at the round's root and the tokens that row-round committed (see
@@ -139,6 +141,8 @@ class SpecStats:
             for i, v in enumerate(theirs):
                 _bump(mine, i, v)
         self.entropy_trace = self.entropy_trace + list(other.entropy_trace)
+        self.drafter_counters = {k: self.drafter_counters.get(k, 0) + other.drafter_counters.get(k, 0)
+                                 for k in {**self.drafter_counters, **other.drafter_counters}}
         self.lossless = self.lossless and other.lossless
         for name in ("rule", "drafter"):  # a fresh SpecStats takes the labels of what is merged into it
             mine, theirs = getattr(self, name), getattr(other, name)

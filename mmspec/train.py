@@ -120,12 +120,19 @@ class TrainConfig:
         val_shards: data shards held out of training (the last ones of ``data/index.json``); at every checkpoint
             and at the end the drafter's loss and top-1 per unrolled step on them go to ``val_log.jsonl``: the
             acceptance to expect on prompts it never saw (a head that memorises its data shows it there first).
+            The last record also goes into the saved drafter's ``config.json`` as its ``"validation"`` block (τ
+            estimated from it: :mod:`mmspec.drafters.validation`), by which ``drafter="auto"`` ranks drafters.
         seed, split, threads, progress: reproducibility and run-time knobs.
         options: the kind's own settings (a JSON object, e.g. GLANCE's ``num_anchors``), validated by its
             trainer's ``check_config`` and saved with the run, so a kind needs no field of its own here.
         dtype: the target's dtype in the data stage (``"auto"``: the checkpoint's stored dtype, bf16 for the
             bundled targets, so the drafter learns from the states it will see at run time); the drafter
             itself trains in float32.
+        data: read the target data from this folder (another run's ``OUT/data``, same kind and settings)
+            instead of ``out/data``; empty: ``out/data``.
+        init_drafter: start stage 2 from this saved drafter (same kind, same target fingerprint as the data)
+            instead of the freshly initialised one: fine-tuning, or a second training stage (TIGER's policy
+            stage after its distillation).
     """
 
     kind: str = "eagle"
@@ -153,6 +160,13 @@ class TrainConfig:
     progress: bool = True
     options: dict = field(default_factory=dict)
     dtype: str = "auto"
+    data: str = ""
+    init_drafter: str = ""
+
+    @property
+    def data_dir(self) -> str:
+        """Where the target data is read and written: :attr:`data`, else ``out/data``."""
+        return self.data or os.path.join(self.out, DATA_DIR)
 
     @property
     def unroll(self) -> int:
@@ -217,6 +231,10 @@ class TrainConfig:
         from .checks import check_local_folder
 
         check_local_folder(self.target, "target folder")  # a missing local folder, said before any hub attempt
+        if self.init_drafter:
+            check_local_folder(self.init_drafter, "initial drafter folder")
+            if not os.path.isdir(self.init_drafter):
+                raise InvalidInputError(f"initial drafter folder not found: {self.init_drafter}")
         trainer.check_config(self)
         return self
 
@@ -275,6 +293,12 @@ class Trainer:
 
     def loss_module(self, drafter, cfg: TrainConfig) -> torch.nn.Module:
         raise NotImplementedError  # abstract
+
+    def initial_drafter(self, drafter, cfg: TrainConfig):
+        """The drafter stage 2 starts from, given the one the data stage saved (``data/drafter-init``): kinds
+        whose ``--options`` shape the drafter (GLANCE's ``num_layers``...) rebuild it when the options of this
+        fit differ from those of the data run, so a fit on existing data trains what it was asked for."""
+        return drafter
 
 
 class EagleTrainer(Trainer):
@@ -516,7 +540,7 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
     _set_threads(cfg)
     acc = accelerator or _accelerator()
     trainer = get_trainer(cfg.kind)
-    data_dir = os.path.join(cfg.out, DATA_DIR)
+    data_dir = cfg.data_dir
     os.makedirs(data_dir, exist_ok=True)
     index_path = os.path.join(data_dir, INDEX_NAME)
     items = _items(cfg)
@@ -609,7 +633,7 @@ def fit(cfg: TrainConfig, accelerator=None):
     _set_threads(cfg)
     acc = accelerator or _accelerator()
     trainer = get_trainer(cfg.kind)
-    data_dir = os.path.join(cfg.out, DATA_DIR)
+    data_dir = cfg.data_dir
     index_path = os.path.join(data_dir, INDEX_NAME)
     if not os.path.isfile(index_path):
         raise InvalidInputError(f"no training data at {data_dir}: run stage 1 (collect_data) first")
@@ -621,6 +645,14 @@ def fit(cfg: TrainConfig, accelerator=None):
         raise InvalidInputError(f"the data at {data_dir} holds layers {index.get('layer_ids')}, "
                                 f"not the requested {list(cfg.layer_ids)}")
     drafter = trainer.drafter_cls.from_pretrained(os.path.join(data_dir, INIT_DIR))
+    if cfg.init_drafter:
+        start_from = trainer.drafter_cls.from_pretrained(cfg.init_drafter)
+        if start_from.fingerprint != drafter.fingerprint:
+            raise InvalidInputError(f"{cfg.init_drafter} was trained for another target or layers than the data at "
+                                    f"{data_dir} ({start_from.fingerprint} vs {drafter.fingerprint})")
+        drafter = start_from
+    else:
+        drafter = trainer.initial_drafter(drafter, cfg)
     drafter.num_draft_tokens = cfg.num_draft_tokens
     start = 0
     ckpt = latest_checkpoint(cfg.out) if cfg.resume else None
@@ -703,6 +735,9 @@ def fit(cfg: TrainConfig, accelerator=None):
         _save_checkpoint(cfg.out, step, drafter, opt, sched)
         validate_now()
         drafter.eval().save_pretrained(cfg.out)
+        from .drafters.validation import record_validation
+
+        record_validation(cfg.out, step, val_path)  # the held-out figures drafter="auto" ranks saved drafters by
     acc.wait_for_everyone()
     return drafter.cpu().eval()
 
@@ -753,12 +788,12 @@ def run_summary(cfg: TrainConfig, stage: str = "all") -> str:
         'mmspec train: no training log in /no/run'
     """
     if stage == "data":
-        index_path = os.path.join(cfg.out, DATA_DIR, INDEX_NAME)
+        index_path = os.path.join(cfg.data_dir, INDEX_NAME)
         if not os.path.isfile(index_path):
-            return f"mmspec train: no target data in {os.path.join(cfg.out, DATA_DIR)}"
+            return f"mmspec train: no target data in {cfg.data_dir}"
         with open(index_path) as f:
             shards = json.load(f).get("shards", [])
-        return (f"mmspec train: target data in {os.path.join(cfg.out, DATA_DIR)} "
+        return (f"mmspec train: target data in {cfg.data_dir} "
                 f"({sum(s['n_records'] for s in shards)} records in {len(shards)} shards)")
 
     def last(path):

@@ -385,3 +385,20 @@ def test_greedy_equals_generate_other_archs(arch_name):
         out = mmspec.generate(arch.model, inputs, drafter=drafter, max_new_tokens=MAX_NEW, eos_token_id=eos,
                               pad_token_id=PAD)
         assert_same_as_generate(out.sequences, ref, inputs["input_ids"].shape[1], eos, f"{arch_name}/{case}")
+
+
+def test_fit_rebuilds_the_initial_head_when_its_options_ask_for_another_shape():
+    """Data collected under one set of kind options, fitted under another: the fit trains the shape asked for
+    (same frozen target tensors and fingerprint), not the data run's saved head."""
+    from mmspec.train import TrainConfig, get_trainer
+
+    model = T.build("qwen2_vl")
+    saved = GlanceDrafter.from_target(model, seed=0, block_size=4, num_layers=1, anchor_feature=False)
+    trainer = get_trainer("glance")
+    same = TrainConfig(kind="glance", num_draft_tokens=3, options={"num_layers": 1, "anchor_feature": False})
+    assert trainer.initial_drafter(saved, same) is saved
+    other = TrainConfig(kind="glance", num_draft_tokens=3, options={"num_layers": 2})
+    got = trainer.initial_drafter(saved, other)
+    assert len(got.head.layers) == 2 and got.head.anchor_feature and got.fingerprint == saved.fingerprint
+    assert torch.equal(got.head.embed_tokens.weight, saved.head.embed_tokens.weight)
+    assert torch.equal(got.head.lm_head.weight, saved.head.lm_head.weight)

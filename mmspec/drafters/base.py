@@ -97,6 +97,17 @@ class Drafter:
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
         """Called after each verify pass with what was accepted."""
 
+    def counters(self) -> dict:
+        """Counts the drafter kept during the last :func:`mmspec.generate` call (``{name: number}``), copied into
+        ``SpecStats.drafter_counters`` at its end and summed by ``SpecStats.merge``; ratios are left to the
+        reader (e.g. TIGER's visual tokens read over visual tokens available). Reset them in :meth:`begin`.
+
+        Example:
+            >>> Drafter().counters()
+            {}
+        """
+        return {}
+
     def forget(self) -> None:
         """Drop whatever was remembered across requests (e.g. a lookup drafter's history of earlier outputs).
         ``mmspec bench`` calls it after its warm-up, so no timed request is drafted from its own output."""

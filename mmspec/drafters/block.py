@@ -489,6 +489,18 @@ class BlockDrafter(TrainableDrafter):
         head reads them as they are; GLANCE swaps image positions for the shuffled-features ablation."""
         return features
 
+    def prompt_context(self, slot: int, row: int, context: torch.Tensor, ctx: DraftContext) -> None:
+        """Hook: cache row ``slot`` (original row ``row``) got its prompt's projected context ``context[plen, H]``.
+        The base head keeps nothing more; TIGER keeps routing keys of the image positions."""
+
+    def context_mask(self, allowed, rows: list, slots: torch.Tensor, block_size: int):
+        """Hook: the attention mask of this round's block pass over ``[cached context ; block]`` (``allowed``:
+        ``bool[B, Bs, C + Bs]``, or ``None`` when every key is visible) for original rows ``rows`` in cache rows
+        ``slots``; may return a
+        float mask (an additive bias, ``-inf`` hides a key). The base head uses ``allowed`` as it is; TIGER
+        hides the visual keys its router did not pick and gates the ones it did."""
+        return allowed
+
     @torch.no_grad()
     def begin(self, ctx: DraftContext) -> None:
         from ..positions import StreamPositions
@@ -521,6 +533,7 @@ class BlockDrafter(TrainableDrafter):
         for b, (f, p) in enumerate(zip(prompt_feats, prompt_pos)):
             c = self.head.project_context(f[None])
             self._cache.append(b, self.head.context_kv(c, p[None].to(dev)))
+            self.prompt_context(b, rows[b], c[0], ctx)
             last.append(c[0, -1])
         self._last_c = torch.stack(last)
         self._slot = {r: b for b, r in enumerate(rows)}
@@ -578,6 +591,7 @@ class BlockDrafter(TrainableDrafter):
             valid = self._cache.valid()[slots].to(dev)
             allowed = torch.cat([valid[:, None, :].expand(B, Bs, -1),
                                  torch.ones(B, Bs, Bs, dtype=torch.bool, device=dev)], dim=2)
+        allowed = self.context_mask(allowed, list(ctx.rows), slots, Bs)
         anchor_ctx = None
         if self.head.anchor_feature:
             anchor_ctx = torch.zeros(B, Bs, self.head.hidden_size, dtype=self._last_c.dtype, device=dev)
@@ -654,7 +668,10 @@ def collate_blocks(records: list[dict], block_size: int, num_anchors: int, gener
     the pending token, which is always a generated one, with the whole prompt in its context).
 
     Returns ``tokens[B, T]``, ``labels[B, T]`` (-100 on padding), ``features[B, T, D]``, ``positions[B, T, A]``
-    (a record without them gets ``0..n-1`` on every axis), ``valid[B, T]`` and ``anchors[B, N]`` (-1: none).
+    (a record without them gets ``0..n-1`` on every axis), ``valid[B, T]`` and ``anchors[B, N]`` (-1: none);
+    records with ``routable[n]`` (positions a router may pick among, e.g. TIGER's image tokens) or the target's
+    ``top_ids`` / ``top_logp[n, K]`` (:func:`~mmspec.drafters.eagle.target_record` with ``keep_top``) pass them
+    on, padded (``False`` / id 0 and log-probability ``-inf``).
 
     Example:
         >>> rec = {"tokens": torch.arange(6), "labels": torch.arange(1, 7), "features": torch.zeros(6, 4),
@@ -680,8 +697,20 @@ def collate_blocks(records: list[dict], block_size: int, num_anchors: int, gener
         cand = torch.arange(max(lo, 1), n)
         pick = cand[torch.randperm(len(cand), generator=generator)[:num_anchors]]
         anchors[b, :len(pick)] = pick.sort().values
-    return {"tokens": tok, "labels": lab, "features": fea, "positions": pos, "valid": valid, "anchors": anchors,
-            "block_size": block_size}
+    out = {"tokens": tok, "labels": lab, "features": fea, "positions": pos, "valid": valid, "anchors": anchors,
+           "block_size": block_size}
+    if "routable" in records[0]:
+        out["routable"] = torch.zeros(B, T, dtype=torch.bool)
+        for b, r in enumerate(records):
+            out["routable"][b, :len(r["tokens"])] = r["routable"].bool()
+    if "top_ids" in records[0]:
+        K = records[0]["top_ids"].shape[-1]
+        out["top_ids"] = torch.zeros(B, T, K, dtype=torch.long)
+        out["top_logp"] = torch.full((B, T, K), float("-inf"))
+        for b, r in enumerate(records):
+            n = len(r["tokens"])
+            out["top_ids"][b, :n], out["top_logp"][b, :n] = r["top_ids"], r["top_logp"].float()
+    return out
 
 
 def block_training_mask(anchors: torch.Tensor, valid: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -705,12 +734,16 @@ def block_training_mask(anchors: torch.Tensor, valid: torch.Tensor, block_size: 
     return torch.cat([ctx, same], dim=2)
 
 
-def block_forward(head: BlockHead, batch: dict) -> tuple:
+def block_forward(head: BlockHead, batch: dict, context_mask=None) -> tuple:
     """The training forward on a :func:`collate_blocks` batch: each anchor ``a`` makes a block ``[tokens[a],
     MASK x (Bs - 1)]`` at positions ``positions[a] + j`` (every axis), attending to the projected target
     states before ``a`` (:func:`block_training_mask`). Returns ``(logits[B, N, Bs - 1, V], targets[B, N, Bs - 1])``:
     the head's distribution at each drafted offset ``j`` and what it is scored against, ``labels[a + j - 1]``
-    (the target's own next token there; -100 where there is none)."""
+    (the target's own next token there; -100 where there is none).
+
+    ``context_mask(allowed, c, anchors, batch)`` (optional) turns the boolean mask of
+    :func:`block_training_mask` into the one the head attends with, given the projected context ``c[B, T, H]``
+    (the training side of :meth:`BlockDrafter.context_mask`)."""
     dev = head.fc.weight.device
     Bs = int(batch.get("block_size", head.block_size))
     if Bs != head.block_size:
@@ -730,6 +763,8 @@ def block_forward(head: BlockHead, batch: dict) -> tuple:
     base = pos.gather(1, a[:, :, None].expand(-1, -1, pos.shape[-1]))  # [B, N, A]
     block_pos = base[:, :, None, :] + offs[None, None, :, None]
     allowed = block_training_mask(anchors, valid, Bs)
+    if context_mask is not None:
+        allowed = context_mask(allowed, c, anchors, batch)
     anchor_ctx = None
     if head.anchor_feature:  # the state just before each block, at its committed token (anchors are >= 1)
         before = c.gather(1, (a - 1).clamp(min=0)[:, :, None].expand(-1, -1, c.shape[-1]))  # [B, N, H]

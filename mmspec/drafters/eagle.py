@@ -528,7 +528,7 @@ def _extend_inputs(inputs: dict, full: torch.Tensor, device) -> dict:
 
 
 @torch.no_grad()
-def target_record(target, prompt, layer_ids, max_new_tokens: int = 32) -> dict:
+def target_record(target, prompt, layer_ids, max_new_tokens: int = 32, keep_top: int = 0) -> dict:
     """One training record from the target: regenerate the response greedily, then run the target once over
     prompt + response with ``output_hidden_states=True``.
 
@@ -537,7 +537,9 @@ def target_record(target, prompt, layer_ids, max_new_tokens: int = 32) -> dict:
     image reaches the record only through the target's hidden states. Returns ``tokens[n]``, ``labels[n]``
     (the target's argmax next token at every position; it equals the response token there) and
     ``features[n, len(layer_ids) * H]`` (the requested layers concatenated in order: the fusion input),
-    all on the CPU, plus ``prompt_len`` (a 0-d tensor).
+    all on the CPU, plus ``prompt_len`` (a 0-d tensor). With ``keep_top = K > 0`` also the target's K most
+    likely next tokens and their log-probabilities at every position (``top_ids[n, K]``, ``top_logp[n, K]``
+    in float32): what a distilling drafter matches, at a fraction of a full vocabulary's disk.
     """
     if torch.is_tensor(prompt):
         ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
@@ -551,8 +553,11 @@ def target_record(target, prompt, layer_ids, max_new_tokens: int = 32) -> dict:
     cpu_inputs = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in inputs.items()}
     out = target(**_extend_inputs(cpu_inputs, full, target.device), output_hidden_states=True, return_dict=True)
     feats = torch.cat([out.hidden_states[i][0].float().cpu() for i in layer_ids], dim=-1)
-    return {"tokens": full, "labels": out.logits[0].argmax(-1).cpu(), "features": feats,
-            "prompt_len": torch.tensor(P)}
+    rec = {"tokens": full, "labels": out.logits[0].argmax(-1).cpu(), "features": feats, "prompt_len": torch.tensor(P)}
+    if keep_top:
+        top = torch.log_softmax(out.logits[0].float(), dim=-1).topk(int(keep_top), dim=-1)
+        rec["top_ids"], rec["top_logp"] = top.indices.cpu(), top.values.cpu()
+    return rec
 
 
 @torch.no_grad()

@@ -73,35 +73,38 @@ class GlanceDrafter(BlockDrafter):
         return self.shuffler.swap(features, masks)
 
 
-def glance_factory(target_model, path=None, tokenizer=None, **options):
+def glance_factory(target_model, path=None, tokenizer=None, cls=None, **options):
     """``"glance:PATH"`` loads a saved head (checked against the target's fingerprint, cast to the target's
     dtype); ``"glance"`` alone builds an untrained one (tests, ablations of exactness). Run options
-    (:data:`RUN_OPTIONS`) override the saved ones and are checked before any weights load."""
+    (:data:`RUN_OPTIONS`) override the saved ones and are checked before any weights load. ``cls``: a
+    subclass to build instead (TIGER's factory passes its own)."""
+    cls = cls or GlanceDrafter
+    kind = cls.kind
     run = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
     for k in ("num_draft_tokens", "branch_k", "tree_budget"):
         if k in run and run[k] is not None and (isinstance(run[k], bool) or not isinstance(run[k], int) or run[k] < 1):
-            raise InvalidInputError(f"glance option {k} must be a positive integer (got {run[k]!r})")
+            raise InvalidInputError(f"{kind} option {k} must be a positive integer (got {run[k]!r})")
     if run.get("depth_budget", None) not in (None, "auto", "none"):
-        raise InvalidInputError(f"glance option depth_budget must be 'auto' or 'none' (got {run['depth_budget']!r})")
+        raise InvalidInputError(f"{kind} option depth_budget must be 'auto' or 'none' (got {run['depth_budget']!r})")
     if run.get("depth_budget") == "none":
         run["depth_budget"] = None
     if "image_features" in run and run["image_features"] not in IMAGE_FEATURES:
-        raise InvalidInputError(f"glance option image_features must be one of {IMAGE_FEATURES} "
+        raise InvalidInputError(f"{kind} option image_features must be one of {IMAGE_FEATURES} "
                                 f"(got {run['image_features']!r})")
     on_target = target_model is not None and target_model.device.type != "meta"
     if path:
         if options:
-            raise InvalidInputError(f"unknown options for a saved glance drafter: {sorted(options)} "
+            raise InvalidInputError(f"unknown options for a saved {kind} drafter: {sorted(options)} "
                                     f"(run-time options: {', '.join(RUN_OPTIONS)})")
-        drafter = GlanceDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer,
-                                                device=target_model.device if on_target else None)
+        drafter = cls.from_pretrained(path, target=target_model, tokenizer=tokenizer,
+                                    device=target_model.device if on_target else None)
     else:
         if target_model is None:
-            raise InvalidInputError("the glance drafter needs a path ('glance:PATH') or a target to build one for")
+            raise InvalidInputError(f"the {kind} drafter needs a path ('{kind}:PATH') or a target to build one for")
         try:
-            drafter = GlanceDrafter.from_target(target_model, tokenizer, **options)
+            drafter = cls.from_target(target_model, tokenizer, **options)
         except (TypeError, ValueError) as e:
-            raise InvalidInputError(f"bad glance drafter options {options!r}: {e}") from e
+            raise InvalidInputError(f"bad {kind} drafter options {options!r}: {e}") from e
     for k, v in run.items():
         setattr(drafter, k, v)
     try:

@@ -38,15 +38,16 @@ OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_
 
 
 @torch.no_grad()
-def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=torch.bfloat16) -> dict:
+def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=torch.bfloat16, keep_top: int = 0) -> dict:
     """One record: :func:`~mmspec.drafters.eagle.target_record` plus ``positions[n, A]`` (the target's own
     positions of prompt + response: one axis for 1-D RoPE, three for M-RoPE), features stored in
     ``feature_dtype`` (bfloat16 by default: half the disk of float32, and a page's record is mostly its ~300
-    image positions times the kept layers; the head trains in float32 on them)."""
+    image positions times the kept layers; the head trains in float32 on them). ``keep_top``: also the
+    target's top next-token log-probabilities (see :func:`~mmspec.drafters.eagle.target_record`)."""
     from mmspec.drafters.block import context_positions, rope_settings
     from mmspec.drafters.eagle import _extend_inputs, _text_model_inputs, target_record
 
-    rec = target_record(model, inputs, layer_ids, max_new_tokens)
+    rec = target_record(model, inputs, layer_ids, max_new_tokens, keep_top=keep_top)
     full = rec["tokens"]
     if torch.is_tensor(inputs):
         ext = _text_model_inputs(model, full)
@@ -72,7 +73,7 @@ class GlanceTrainer(Trainer):
 
     def __init__(self):
         self._gen = torch.Generator().manual_seed(0)
-        self._opts = dict(OPTION_DEFAULTS)
+        self._opts = dict(self.OPTIONS)
         self._block = None
 
     @property
@@ -81,23 +82,31 @@ class GlanceTrainer(Trainer):
 
         return GlanceDrafter
 
+    #: the kind's options and their defaults (a subclass names its own)
+    OPTIONS = OPTION_DEFAULTS
+
     def options(self, cfg) -> dict:
-        """The kind's options of ``cfg`` over the defaults (validated)."""
+        """The kind's options of ``cfg`` over the defaults (validated by :meth:`check_options`)."""
         given = dict(getattr(cfg, "options", None) or {})
-        bad = sorted(set(given) - set(OPTION_DEFAULTS))
+        bad = sorted(set(given) - set(self.OPTIONS))
         if bad:
-            raise InvalidInputError(f"unknown glance training options {bad}; known: {sorted(OPTION_DEFAULTS)}")
-        opts = {**OPTION_DEFAULTS, **given}
+            raise InvalidInputError(f"unknown {self.kind} training options {bad}; known: {sorted(self.OPTIONS)}")
+        opts = {**self.OPTIONS, **given}
+        self.check_options(opts)
+        return opts
+
+    def check_options(self, opts: dict) -> None:
+        """Raise :class:`~mmspec.errors.InvalidInputError` on a bad value (subclasses add their own checks)."""
         for k in ("num_anchors", "num_layers", "num_kept_layers"):
             v = opts[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InvalidInputError(f"glance option {k} must be a positive integer (got {v!r})")
+                raise InvalidInputError(f"{self.kind} option {k} must be a positive integer (got {v!r})")
         if not isinstance(opts["anchor_feature"], bool):
-            raise InvalidInputError(f"glance option anchor_feature must be true or false (got {opts['anchor_feature']!r})")
+            raise InvalidInputError(f"{self.kind} option anchor_feature must be true or false "
+                                    f"(got {opts['anchor_feature']!r})")
         d = opts["loss_decay"]
         if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0):
-            raise InvalidInputError(f"glance option loss_decay must be a number >= 0 (got {d!r})")
-        return opts
+            raise InvalidInputError(f"{self.kind} option loss_decay must be a number >= 0 (got {d!r})")
 
     def check_config(self, cfg):
         opts = self.options(cfg)
@@ -126,6 +135,25 @@ class GlanceTrainer(Trainer):
                                          block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"],
                                          anchor_feature=opts["anchor_feature"])
 
+    #: kind options that shape the drafter, and the drafter config key each one sets
+    SHAPE_OPTIONS = {"num_layers": "num_layers", "anchor_feature": "anchor_feature"}
+
+    def initial_drafter(self, drafter, cfg):
+        """Rebuild the saved initial head when this fit's options ask for another shape (e.g. a data stage run
+        without ``anchor_feature``): same target tensors (embeddings, LM head) and fingerprint, fresh layers."""
+        opts = self.options(cfg)
+        config = drafter.config_dict()
+        want = {key: opts[opt] for opt, key in self.SHAPE_OPTIONS.items()}
+        if all(config.get(k) == v for k, v in want.items()):
+            return drafter
+        if cfg.seed is not None:
+            torch.manual_seed(cfg.seed)
+        fresh = type(drafter)(fingerprint=drafter.fingerprint, **{**config, **want})
+        with torch.no_grad():
+            fresh.head.embed_tokens.weight.copy_(drafter.head.embed_tokens.weight)
+            fresh.head.lm_head.weight.copy_(drafter.head.lm_head.weight)
+        return fresh.eval()
+
     def record(self, cfg, model, inputs, layer_ids):
         return glance_record(model, inputs, layer_ids, cfg.max_new_tokens)
 
@@ -138,9 +166,8 @@ class GlanceTrainer(Trainer):
         n_axes = first["positions"].reshape(len(first["tokens"]), -1).shape[1] if "positions" in first else 1
         return collate_blocks(records, self._block, self._opts["num_anchors"], self._gen, n_axes)
 
-    def loss_module(self, drafter, cfg):
-        from mmspec.drafters.block import BlockLoss
-
+    def loss_setup(self, drafter, cfg) -> tuple:
+        """Check the drafter against ``cfg`` and fix the collate settings; returns ``(options, loss decay)``."""
         opts = self.options(cfg)
         if drafter.block_size != cfg.num_draft_tokens + 1:
             raise InvalidInputError(f"the initial drafter drafts blocks of {drafter.block_size}; --num-draft-tokens "
@@ -148,4 +175,9 @@ class GlanceTrainer(Trainer):
         decay = opts["loss_decay"]
         decay = drafter.block_size / 2 if decay is None else (float(decay) or None)
         self._opts, self._block = opts, drafter.block_size
-        return BlockLoss(drafter, decay)
+        return opts, decay
+
+    def loss_module(self, drafter, cfg):
+        from mmspec.drafters.block import BlockLoss
+
+        return BlockLoss(drafter, self.loss_setup(drafter, cfg)[1])
