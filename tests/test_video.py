@@ -205,3 +205,43 @@ def test_cli_generate_with_a_video(tiny_vlm, vlm_pipe, clips, capsys):
     assert got["text"] == vlm_pipe(video=clips[0], num_frames=4, prompt="What happens?", max_new_tokens=6).text
     assert main(["generate", "--model", tiny_vlm, "--video", "/no/such/clip.mp4", "--prompt", "What happens?"]) == 2
     assert "video file not found: /no/such/clip.mp4" in capsys.readouterr().err
+
+
+def test_qwen2_5_vl_video_greedy_equals_generate(vlm_pipe, clips):
+    """Qwen2.5-VL places video tokens in time by second_per_grid_ts: mmspec's prefill positions and drafted tokens
+    must follow it exactly as generate does (a tiny random Qwen2.5-VL on the tiny VLM's tokenizer)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+
+    from mmspec.vision import VLMPipeline
+
+    old = vlm_pipe.processor
+    base = vlm_pipe.model.config
+    text = base.text_config.to_dict()
+    # Weights large enough that a token's temporal position changes the output (checked below).
+    text.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                initializer_range=0.3)
+    cfg = Qwen2_5_VLConfig(text_config=text, vision_config=dict(
+        depth=1, hidden_size=32, out_hidden_size=text["hidden_size"], intermediate_size=64, num_heads=2, patch_size=14,
+        spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0], initializer_range=0.3),
+        image_token_id=base.image_token_id, video_token_id=base.video_token_id,
+        vision_start_token_id=base.vision_start_token_id, vision_end_token_id=base.vision_end_token_id,
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    model.generation_config.eos_token_id = vlm_pipe.model.generation_config.eos_token_id
+    model.generation_config.pad_token_id = vlm_pipe.model.generation_config.pad_token_id
+    proc = Qwen2_5_VLProcessor(image_processor=old.image_processor, video_processor=old.video_processor,
+                               tokenizer=old.tokenizer, chat_template=old.chat_template)
+    pipe = VLMPipeline(model, proc, drafter="lookup")
+    prompts = ["What happens?", "Describe the motion."]
+    inputs = pipe.prepare(video=list(clips), fps=4.0, prompt=prompts)
+    assert inputs["second_per_grid_ts"].tolist() == pytest.approx([0.5, 0.5])  # 8 frames of 2 s: 4 fps
+    timeless = {k: v for k, v in inputs.items() if k != "second_per_grid_ts"}
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+        assert not torch.equal(model.generate(**timeless, max_new_tokens=NEW, do_sample=False), ref)
+    assert torch.equal(pipe(video=list(clips), fps=4.0, prompt=prompts, max_new_tokens=NEW).sequences, ref)
+    plen = inputs["input_ids"].shape[1]
+    oracle = NoisyOracleDrafter(ref[:, plen:], depth=4, corrupt_p=0.25, vocab_size=_vocab(pipe), seed=5)
+    spec = mmspec.generate(model, inputs, drafter=oracle, max_new_tokens=NEW)
+    assert torch.equal(spec.sequences, ref) and spec.stats.tau > 1.5
