@@ -98,6 +98,9 @@ def test_auto_picks_the_best_matching_validation_tau(head_dir, tmp_path, target,
     _saved(head_dir, runs / "e", tau=9.0, kind="no-such-kind")
     _saved(head_dir, runs / "f", tau=9.0, weights=False)
     _saved(head_dir, no_cache / "g", tau=2.5)
+    _saved(head_dir, runs / "h", tau=9.0)
+    config = json.loads((runs / "h" / "config.json").read_text())
+    (runs / "h" / "config.json").write_text(json.dumps({**config, "target_fingerprint": {}}))  # matches nothing
     (runs / "not-a-drafter").mkdir()
     drafter = make_drafter(f"auto:{runs}", target)
     choice = drafter.auto_choice
@@ -109,6 +112,7 @@ def test_auto_picks_the_best_matching_validation_tau(head_dir, tmp_path, target,
     reasons = {os.path.basename(c.path): c.reason for c in choice.skipped}
     assert "fingerprint does not match" in reasons["c"] and "hidden_size: trained for 999" in reasons["c"]
     assert "not registered" in reasons["e"] and "model.safetensors" in reasons["f"]
+    assert "no target_fingerprint" in reasons["h"]
     assert choice.notes[0].startswith(f"auto: chose eagle (folder) {runs / 'b'}, validation tau 3.00")
     assert any("skipped eagle (folder)" in n and "/c:" in n for n in choice.notes)
 

@@ -67,7 +67,8 @@ class Candidate:
         path: its folder.
         source: ``"bundled"``, ``"folder"`` or ``"cache"``.
         kind: the ``drafter_kind`` of its config (``None`` if unreadable).
-        spec: the spec that builds it (``"kind:DIR"``; a bundled spec keeps its options).
+        spec: the spec that builds it (``{"kind": ..., "path": DIR}``; a bundled one is its shipped spec string,
+            options included).
         validation: its config's validation block (``None``: not measured).
         reason: why it was skipped (``None``: eligible).
     """
@@ -75,7 +76,7 @@ class Candidate:
     path: str
     source: str
     kind: str | None = None
-    spec: str = ""
+    spec: str | dict = ""
     validation: dict | None = None
     reason: str | None = None
 
@@ -197,16 +198,20 @@ def find_candidates(target_model, drafter_dir=None, cache_dir: str | None = "def
             continue
         kind = config["drafter_kind"]
         validation = config.get(VALIDATION_KEY) if isinstance(config.get(VALIDATION_KEY), dict) else None
-        c = Candidate(path, source, kind=kind, spec=spec or f"{kind}:{path}", validation=validation)
+        # A dict spec, so a path holding ';' or ' & ' stays one path.
+        c = Candidate(path, source, kind=kind, spec=spec or {"kind": kind, "path": path}, validation=validation)
+        fingerprint = config.get("target_fingerprint")
         if kind not in kinds:
             c.reason = f"drafter kind {kind!r} is not registered (known: {', '.join(sorted(kinds))})"
         elif not os.path.isfile(os.path.join(path, WEIGHTS_NAME)):
             c.reason = f"no {WEIGHTS_NAME}"
         elif validation is not None and c.tau is None:
             c.reason = f"its validation block has no numeric tau ({validation!r})"
+        elif not isinstance(fingerprint, dict) or not fingerprint:
+            c.reason = "its config has no target_fingerprint, so it cannot be matched to this target"
         else:
             try:
-                check_fingerprint(config.get("target_fingerprint") or {}, target_model, tokenizer)
+                check_fingerprint(fingerprint, target_model, tokenizer)
             except DrafterMismatchError as e:
                 c.reason = f"fingerprint does not match: {e}"
         out.append(c)
