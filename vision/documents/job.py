@@ -267,7 +267,8 @@ class _Decoder:
         return max(1, window - int(lengths["attention_mask"].sum(dim=1).max()))
 
     def _call(self, ids: list, images: list, temperature: float, attempt: int) -> list:
-        """One pipeline call over ``images``; returns per row ``(text, tokens, rounds, finish, loop)``."""
+        """One pipeline call over ``images``; per row ``(text, attempt)``, the attempt's record: temperature, seed,
+        how it finished (``eos``, ``loop``: the guard ended it, ``length``: the token cap), tokens, τ, rounds."""
         tokens = [[] for _ in images]
         calls = [0] * len(images)
 
