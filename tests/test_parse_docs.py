@@ -159,6 +159,27 @@ def test_guard_cuts_a_loop_inside_verification_and_equals_generate(looping_vlm):
 
 
 # ---------------------------------------------------------------------------------------------- the job
+def test_inputs_are_walked_and_named_by_the_input_tree(tmp_path):
+    from mmspec.errors import InvalidInputError
+    from mmspec.vision.documents.job import markdown_path
+    from mmspec.vision.documents.sources import discover
+
+    _png(tmp_path / "scans" / "b" / "x.png")
+    _png(tmp_path / "scans" / ".hidden" / "y.png")
+    _png(tmp_path / "scans" / "out" / "markdown" / "z.png")       # the job's own output inside an input
+    _pdf(str(tmp_path / "scans" / "x.pdf"))
+    _png(tmp_path / "x.png")
+    names = [s.name for s in discover([tmp_path / "scans", tmp_path / "x.png"], exclude=tmp_path / "scans" / "out")]
+    assert names == ["scans/b/x.png", "scans/x.pdf", "x.png"]
+    _png(tmp_path / "other" / "x.png")
+    with pytest.raises(InvalidInputError, match="both named 'x.png'"):
+        discover([tmp_path / "x.png", tmp_path / "other" / "x.png"])
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(InvalidInputError, match="not a supported document"):
+        discover([tmp_path / "notes.txt"])
+    assert markdown_path("o", "scans/x.pdf", taken={"scans/x"}) == "o/markdown/scans/x.pdf.md"
+
+
 def test_pages_inputs_failures_and_markdown(ending_vlm, tmp_path):
     from pypdf import PdfWriter
 
@@ -166,6 +187,7 @@ def test_pages_inputs_failures_and_markdown(ending_vlm, tmp_path):
     _png(src / "a" / "p1.png")
     _png(src / "a" / "p2.jpg", 200)
     _pdf(str(src / "two.pdf"))
+    _png(src / "two.png", 100)  # same stem as two.pdf: both Markdown files keep their suffix
     (src / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
     (src / "empty.png").write_bytes(b"")
     (src / "broken.pdf").write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog >>\ntrailer\n%%EOF")
@@ -181,7 +203,7 @@ def test_pages_inputs_failures_and_markdown(ending_vlm, tmp_path):
     assert _run(ending_vlm, [src], out, "--batch-size", 3) == 1                    # some page failed
     recs = {r["id"]: r for r in _records(out)}
     chain = "".join(chr(ord(")") + i) for i in range(12))  # what the ending model writes (token 20 is ')')
-    ok = ["scans/a/p1.png#1", "scans/a/p2.jpg#1", "scans/two.pdf#1", "scans/two.pdf#2", "scans/owner-only.pdf#1",
+    ok = ["scans/a/p1.png#1", "scans/a/p2.jpg#1", "scans/two.pdf#1", "scans/two.pdf#2", "scans/two.png#1", "scans/owner-only.pdf#1",
           "scans/owner-only.pdf#2", "scans/fax.tiff#1", "scans/fax.tiff#2"]
     failed = {"scans/corrupt.png#1": "corrupt", "scans/empty.png#1": "empty", "scans/broken.pdf#1": "cannot open PDF",
               "scans/locked.pdf#1": "encrypted PDF"}
@@ -195,7 +217,8 @@ def test_pages_inputs_failures_and_markdown(ending_vlm, tmp_path):
         assert recs[rid]["status"] == "failed" and word in recs[rid]["error"], recs[rid]
     md = out / "markdown" / "scans"
     assert (md / "a" / "p1.md").read_text() == chain + "\n"
-    assert (md / "two.md").read_text() == f"<!-- page 1 -->\n\n{chain}\n\n<!-- page 2 -->\n\n{chain}\n"
+    assert (md / "two.png.md").read_text() == chain + "\n" and not (md / "two.md").exists()
+    assert (md / "two.pdf.md").read_text() == f"<!-- page 1 -->\n\n{chain}\n\n<!-- page 2 -->\n\n{chain}\n"
     assert "failed: encrypted PDF" in (md / "locked.md").read_text()
     assert not (md / "notes.md").exists()
 
