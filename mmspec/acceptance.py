@@ -31,13 +31,16 @@ Example:
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 
 import torch
 
 from .tree import DraftTree
 
-__all__ = ["AcceptResult", "AcceptanceRule", "GreedyRule", "SpeculativeSamplingRule", "get_rule"]
+__all__ = ["AcceptResult", "AcceptanceRule", "GreedyRule", "SpeculativeSamplingRule", "SampleThenMatchRule", "get_rule",
+           "register_rule", "rule_names"]
 
 
 @dataclass
@@ -147,20 +150,105 @@ class SpeculativeSamplingRule(AcceptanceRule):
             cur = accepted
 
 
-_RULES = {"greedy": GreedyRule, "speculative_sampling": SpeculativeSamplingRule}
+class SampleThenMatchRule(AcceptanceRule):
+    """GLANCE's sampling rule, kept as a named baseline: at each node draw the target's token ``y ~ p`` and go
+    down to the child holding ``y`` if there is one, else stop and emit ``y``.
+
+    Lossless by construction (every emitted token is a draw from the target's processed ``p``, whatever was
+    proposed), and it ignores the draft's ``q``: a child ``x`` is accepted with probability ``p(x)``, where
+    the speculative-sampling rule accepts a sampled draft with ``min(1, p(x) / q(x))``; for deterministic
+    proposals the two have the same law and the same acceptance.
+
+    Example:
+        >>> from mmspec.tree import DraftTree
+        >>> scores = torch.tensor([[0.0, 20.0, 0.0], [20.0, 0.0, 0.0]])  # the target is sure: token 1, then 0
+        >>> SampleThenMatchRule().accept(DraftTree.from_chain([1]), scores)
+        AcceptResult(path=[0], next_token=0)
+    """
+
+    name = "sample_then_match"
+    lossless = True
+    mode = "sample"
+
+    def accept(self, tree, scores, generator=None):
+        if generator is not None and generator.device != scores.device:
+            scores = scores.to(generator.device)
+        probs = torch.softmax(scores.float(), dim=-1)
+        kids = tree.children()
+        tokens = tree.tokens
+        path: list[int] = []
+        cur = -1
+        while True:
+            y = int(torch.multinomial(probs[cur + 1], 1, generator=generator).item())
+            nxt = next((c for c in kids[cur + 1] if int(tokens[c]) == y), None)
+            if nxt is None:
+                return AcceptResult(path, y)
+            path.append(nxt)
+            cur = nxt
+
+
+_RULES = {"greedy": GreedyRule, "speculative_sampling": SpeculativeSamplingRule,
+          "sample_then_match": SampleThenMatchRule}
+
+
+def register_rule(name: str, cls) -> None:
+    """Make acceptance rule class ``cls`` (an :class:`AcceptanceRule` subclass) available by ``name`` wherever a
+    rule is named (``mmspec.generate(..., rule=NAME)``, ``"NAME;option=value"`` with options passed to ``cls``).
+    A rule declares ``lossless``; a lossy one is labelled so in every stats record it produces.
+
+    Example:
+        >>> class Strict(GreedyRule):
+        ...     name = "strict"
+        >>> register_rule("strict", Strict)
+        >>> get_rule("strict", do_sample=False).name
+        'strict'
+    """
+    if not isinstance(name, str) or not name or ";" in name:
+        raise ValueError(f"a rule name must be a non-empty string without ';' (got {name!r})")
+    if not (isinstance(cls, type) and issubclass(cls, AcceptanceRule)):
+        raise ValueError(f"rule {name!r}: {cls!r} is not an AcceptanceRule subclass")
+    _RULES[name] = cls
+
+
+def rule_names() -> list:
+    """Registered acceptance rule names.
+
+    Example:
+        >>> "sample_then_match" in rule_names()
+        True
+    """
+    return sorted(_RULES)
 
 
 def get_rule(rule: "str | AcceptanceRule | None", do_sample: bool) -> AcceptanceRule:
-    """Resolve a rule by name (or pass one through); ``None`` picks the lossless rule for the mode.
+    """Resolve a rule by name, ``"name;option=value"`` (values read as JSON), or pass one through; ``None``
+    picks the lossless rule for the mode.
 
     Example:
         >>> get_rule(None, do_sample=True).name
         'speculative_sampling'
+        >>> get_rule("sample_then_match", do_sample=True).lossless
+        True
     """
     if isinstance(rule, AcceptanceRule):
         return rule
     if rule is None:
         rule = "speculative_sampling" if do_sample else "greedy"
-    if rule not in _RULES:
-        raise ValueError(f"unknown acceptance rule {rule!r}; known: {sorted(_RULES)}")
-    return _RULES[rule]()
+    name, *pairs = [part.strip() for part in str(rule).split(";")]
+    if name not in _RULES:
+        raise ValueError(f"unknown acceptance rule {name!r}; known: {sorted(_RULES)}")
+    options = {}
+    for pair in pairs:
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"rule option {pair!r} is not key=value")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value.strip()
+    try:
+        return _RULES[name](**options)
+    except TypeError as e:
+        raise ValueError(f"bad options for acceptance rule {name!r}: {e}") from e

@@ -215,6 +215,10 @@ CONFIGS = {
     "stoch-chain-T1.3": (table(CHAIN3, True), 4, dict(temperature=1.3), 3, 2048),
     "stoch-iid-tree-T1": (table(IID_TREE, True, mix=0.3), 4, {}, 3, 2048),
     "det-tree-padded-batch-T0.9": (table(TREE, False), 4, dict(temperature=0.9, padded=True), 4, 2048),
+    # GLANCE's "sample from the target, then match" rule, on a deterministic tree and on a sampled chain (whose
+    # q it ignores): every emitted token is a draw from p, so the law holds either way.
+    "sample-then-match-det-tree-T0.7-top4": (table(TREE, False), 4,
+                                             dict(temperature=0.7, top_k=4, rule="sample_then_match"), 3, 2048),
     # A union drops its members' q: a sampled chain merged with a deterministic tree is verified as a
     # deterministic proposal.
     "union-stoch-chain-det-tree-T1": (lambda cond, model: UnionDrafter([table(CHAIN3, True)(cond, model),
@@ -232,6 +236,8 @@ CONFIGS = {
 # A repetition penalty holds per-row state (the prompt's padding lengths), so mmspec scores each node in a
 # full-batch processor call: cost grows with batch**2, hence the small batches.
 SLOW_CONFIGS = {
+    "sample-then-match-stoch-chain-T1.3": (table(CHAIN3, True), 4, dict(temperature=1.3, rule="sample_then_match"),
+                                           3, 2048),
     "det-tree-rep1.5": (table(TREE, False), 4, dict(repetition_penalty=1.5), 24, 256),
     "stoch-iid-tree-T0.8-top5-rep1.4": (table(IID_TREE, True, mix=0.3), 4,
                                          dict(temperature=0.8, top_k=5, repetition_penalty=1.4), 24, 256),
