@@ -729,7 +729,8 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     if not ok:
         measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
                     "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar",
-                    "identical_rate", "divergences", "new_tokens", "lossless", "quality", "draftability")
+                    "identical_rate", "divergences", "new_tokens", "lossless", "quality", "draftability",
+                    "drafter_counters")
         return {**rec, **dict.fromkeys(measured)}
     if kind == "mmspec":
         fpt, tau, lossless = s.forwards_per_token, s.tau, s.lossless
@@ -743,6 +744,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
         accepted_hist=list(s.accepted_hist) if s else None,
         ceiling_rounds=s.ceiling_rounds if s else None,
         draftability=s.draftability() if s else None,
+        drafter_counters=dict(s.drafter_counters) if s and s.drafter_counters else None,
         speedup_vs_ar=ar.time / tally.time if tally.time else None,
         speedup_median=statistics.median(a / b for a, b in zip(ar.batch_times, tally.batch_times)),
         forwards_per_token=fpt,
