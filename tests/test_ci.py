@@ -24,3 +24,20 @@ def test_ci_runs_the_readme_test_command_with_caches_in_its_work_folder():
         assert re.search(rf'^export {var}="\$WORK/', ci, re.M), var
     makefile = (ROOT / "Makefile").read_text()
     assert "[ $$? -eq 5 ]" in makefile  # "no slow tests" (pytest exit 5) passes; any other failure fails CI
+
+
+def test_every_package_folder_is_listed_for_wheels():
+    """A subpackage missing from pyproject's ``packages`` works in an editable install and vanishes from a built
+    wheel; every folder with an ``__init__.py`` under the mapped roots must be listed."""
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    found = set()
+    for name, folder in cfg["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / folder)
+            found.add(".".join([name, *rel.parts]))
+    assert found <= listed, sorted(found - listed)
