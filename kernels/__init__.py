@@ -8,6 +8,10 @@
 * :func:`gather_slots`: KV compaction, one layer's keys and values gathered into place in one launch
   (``TargetAdapter.commit`` uses it).
 
+``python -m mmspec.kernels.bench`` checks every kernel against its reference and, on a GPU, times them
+(attention also against dense SDPA with the same mask); ``kernels/gpu_check.sh`` runs the tests and the
+bench on a lent GPU in one call.
+
 Which implementation runs is chosen once per device type (:mod:`mmspec.kernels.dispatch`): Triton on CUDA,
 the reference elsewhere; ``MMSPEC_KERNELS=triton|reference`` forces either. This package imports nothing
 from the rest of mmspec, and Triton only when a kernel runs (``pip install 'mmspec[kernels]'``).

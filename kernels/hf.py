@@ -45,6 +45,11 @@ class TreeMetadata:
     parents: torch.Tensor
     max_depth: int
 
+    def __post_init__(self):
+        # The kernel's dtypes, converted once per pass rather than once per layer.
+        self.prefix_valid = self.prefix_valid.to(torch.int8).contiguous()
+        self.parents = self.parents.to(torch.int32).contiguous()
+
 
 def tree_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                            scaling: float | None = None, **kwargs):
