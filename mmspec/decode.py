@@ -369,9 +369,11 @@ def generate(
         row_scores = tree_processor(active, generated, trees, out.logits)
         results = acceptance.accept_batch(trees, row_scores, generator)
         if record_entropy:  # the target's uncertainty at each row's root, beside what the round commits below
+            t_audit = time.perf_counter()
             root = torch.stack([s[0] for s in row_scores]).float()
             logp = torch.log_softmax(root, dim=-1)
             round_entropy = (-(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)).tolist()
+            stats.audit_time += time.perf_counter() - t_audit
         out_of_time = max_time is not None and time.perf_counter() - t_start > max_time
         paths, nexts, finished, committed = [], [], [], []
         for r, tree, res, cut in zip(active, trees, results, pruned):

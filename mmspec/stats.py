@@ -57,6 +57,9 @@ class SpecStats:
     accept_time: float = 0.0
     commit_time: float = 0.0
     total_time: float = 0.0
+    audit_time: float = 0.0
+    """Seconds spent on measurement only (``record_entropy``), included in ``total_time``; a benchmark takes them
+    out of its clock."""
     drafter_counters: dict = field(default_factory=dict)
     """The drafter's own counts over the run (:meth:`mmspec.drafters.Drafter.counters`), summed by :meth:`merge`."""
     entropy_trace: list = field(default_factory=list)
@@ -134,7 +137,8 @@ class SpecStats:
         for name in ("rounds", "row_rounds", "committed", "drafted", "target_forwards", "prefill_rows", "generated",
                      "ceiling_rounds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("prefill_time", "draft_time", "verify_time", "accept_time", "commit_time", "total_time"):
+        for name in ("prefill_time", "draft_time", "verify_time", "accept_time", "commit_time", "total_time",
+                     "audit_time"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_hist", "depth_reached", "depth_accepted"):
             mine, theirs = getattr(self, name), getattr(other, name)
