@@ -153,6 +153,14 @@ def _row(kernel, shape, dtype, ok, detail, fallback) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- timings
+# Timed shapes: attention (B, Hq, Hkv, cached L, tree nodes, head dim), Qwen2.5-7B-like heads first;
+# acceptance (B, tree nodes, vocab); compaction (B, kv heads, slots, head dim).
+ATTN_SHAPES = [(1, 32, 8, 1024, 16, 128), (1, 32, 8, 4096, 64, 128), (8, 32, 8, 2048, 64, 128),
+               (8, 28, 4, 1024, 32, 128), (4, 16, 16, 2048, 64, 64)]
+ACCEPT_SHAPES = [(1, 16, 152064), (8, 64, 152064), (32, 8, 32000)]
+GATHER_SHAPES = [(8, 8, 2113, 128), (32, 4, 1089, 128)]
+
+
 def _time_us(fn, reps: int = 20) -> float:
     for _ in range(3):
         fn()
@@ -172,9 +180,7 @@ def _time_us(fn, reps: int = 20) -> float:
 def timings(device: torch.device, quick: bool = False) -> list[dict]:
     """Per shape: the Triton kernel, its reference and (attention) dense SDPA with the same mask, in µs."""
     rows = []
-    attn = [(1, 32, 8, 1024, 16, 128), (1, 32, 8, 4096, 64, 128), (8, 32, 8, 2048, 64, 128),
-            (8, 28, 4, 1024, 32, 128), (4, 16, 16, 2048, 64, 64)]
-    for b, hq, hkv, prefix, width, d in attn[:2] if quick else attn:
+    for b, hq, hkv, prefix, width, d in ATTN_SHAPES[:2] if quick else ATTN_SHAPES:
         for dtype in (torch.bfloat16, torch.float16):
             q, k, v, valid, parents = _attention_inputs(b, hq, hkv, prefix, [width] * b, d, dtype, device)
             depth = int(tree_visibility(parents).sum(-1).max()) - 1
@@ -188,7 +194,7 @@ def timings(device: torch.device, quick: bool = False) -> list[dict]:
             row["dense_sdpa_us"] = _time_us(lambda: _dense_sdpa(q, k, v, valid, parents, scale))
             rows.append(row)
             print(_format(row), flush=True)
-    for b, width, vocab in [(1, 16, 152064), (8, 64, 152064), (32, 8, 32000)]:
+    for b, width, vocab in ACCEPT_SHAPES:
         tokens, parents, n, probs, draft, u, e = _acceptance_inputs(b, [width] * b, vocab, device)
         ids = probs.argmax(-1)
         cases = [("greedy_accept", greedy_accept, (tokens, parents, n, ids)),
@@ -201,7 +207,7 @@ def timings(device: torch.device, quick: bool = False) -> list[dict]:
             row["reference_us"] = _time_us(lambda: fn(*args, backend="reference"), reps=3)
             rows.append(row)
             print(_format(row), flush=True)
-    for b, h, s, d in [(8, 8, 2113, 128), (32, 4, 1089, 128)]:
+    for b, h, s, d in GATHER_SHAPES:
         keys = torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16)
         values = torch.randn_like(keys)
         keep = torch.arange(0, b, 2, device=device)
