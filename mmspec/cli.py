@@ -172,7 +172,7 @@ def _json_object(text: str) -> dict:
 
 def _generate(args) -> int:
     from .errors import InvalidInputError
-    from .inputs import generate_requests, load_requests
+    from .inputs import check_output, generate_requests, load_requests
     from .pipelines import MMSpecPipeline
 
     requests = None
@@ -184,6 +184,7 @@ def _generate(args) -> int:
         if args.batch_size < 1:
             raise InvalidInputError(f"--batch-size must be >= 1 (got {args.batch_size})")
         requests = load_requests(args.inputs)
+        check_output(requests, args.out)
     elif args.prompt is None:
         raise InvalidInputError("give --prompt (one request) or --inputs FILE.jsonl with --out (many)")
     elif args.out:

@@ -32,7 +32,7 @@ import os
 from .errors import InvalidImageError, InvalidInputError
 from .workloads import Example
 
-__all__ = ["load_requests", "edit_distance", "text_quality", "JsonlWriter", "REQUEST_KEYS"]
+__all__ = ["load_requests", "edit_distance", "text_quality", "JsonlWriter", "REQUEST_KEYS", "check_output", "generate_requests"]
 
 REQUEST_KEYS = ("images", "prompt", "reference", "id")
 """The keys a request line may hold (any other key is an error: a typo should not pass silently)."""
@@ -159,13 +159,8 @@ class JsonlWriter:
     """
 
     def __init__(self, path, key: str = "id"):
-        self.path = os.path.expanduser(os.fspath(path))
+        self.path = self.check(path)
         self.key = key
-        folder = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(folder):
-            raise InvalidInputError(f"output folder does not exist: {folder}")
-        if os.path.isdir(self.path):
-            raise InvalidInputError(f"--out {self.path} is a folder; name a .jsonl file")
         self.done: set = set()
         self.fingerprints: dict = {}
         if os.path.isfile(self.path):
@@ -190,6 +185,25 @@ class JsonlWriter:
                     with open(self.path, "wb") as f:
                         f.write(data[: data.rfind(b"\n") + 1])
         self._f = open(self.path, "a", encoding="utf-8")
+
+    @staticmethod
+    def check(path) -> str:
+        """The output path, expanded, if it can be one (its folder exists, it is not a folder); said before any
+        model loads. Returns the path. The contents of an existing file are checked when it is opened.
+
+        Example:
+            >>> JsonlWriter.check("/no/such/folder/out.jsonl")
+            Traceback (most recent call last):
+            ...
+            mmspec.errors.InvalidInputError: output folder does not exist: /no/such/folder
+        """
+        path = os.path.expanduser(os.fspath(path))
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise InvalidInputError(f"output folder does not exist: {folder}")
+        if os.path.isdir(path):
+            raise InvalidInputError(f"--out {path} is a folder; name a .jsonl file")
+        return path
 
     def _take(self, line: str, lineno: int) -> None:
         try:
@@ -219,6 +233,22 @@ class JsonlWriter:
         self.close()
 
 
+def check_output(requests: list, out) -> None:
+    """Refuse an ``out`` that cannot take the answers to ``requests`` (no such folder, a folder, the requests
+    file itself), before any model loads.
+
+    Example:
+        >>> check_output([], "/no/such/folder/out.jsonl")
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: output folder does not exist: /no/such/folder
+    """
+    JsonlWriter.check(out)
+    ins = {r.meta.get("source") for r in requests} - {None}
+    if any(os.path.exists(out) and os.path.samefile(out, p) for p in ins):
+        raise InvalidInputError(f"--out {out} is the requests file itself; name another file")
+
+
 def generate_requests(pipe, requests: list, out, batch_size: int = 1, progress: bool = True,
                       **generate_kwargs) -> dict:
     """Run ``pipe`` over ``requests`` (from :func:`load_requests`) in input order, ``batch_size`` at a time,
@@ -240,9 +270,7 @@ def generate_requests(pipe, requests: list, out, batch_size: int = 1, progress: 
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidInputError(f"batch_size must be a positive integer (got {batch_size!r})")
-    ins = {r.meta.get("source") for r in requests} - {None}
-    if any(os.path.exists(out) and os.path.samefile(out, p) for p in ins):
-        raise InvalidInputError(f"--out {out} is the requests file itself; name another file")
+    check_output(requests, out)
     settings = json.dumps(generate_kwargs, sort_keys=True, default=str)
 
     def fingerprint(r) -> str:

@@ -127,10 +127,14 @@ def test_generate_inputs_writes_one_line_per_request_in_order_and_resumes(tiny_v
     (["--prompt", "hi"], "drop --prompt"),
     ([], "--inputs needs --out"),
     (["--out", "OUT", "--batch-size", "0"], "--batch-size must be >= 1"),
+    # a bad --out is said before the model loads (the model folder does not even exist here)
+    (["--out", "/no/such/folder/o.jsonl"], "output folder does not exist"),
+    (["--out", "DIR"], "is a folder"),
+    (["--out", "REQ"], "the requests file itself"),
 ])
 def test_generate_inputs_argument_errors(requests_file, tmp_path, capsys, extra, message):
-    args = ["generate", "--model", "/no/such/model", "--inputs", str(requests_file)] + [
-        str(tmp_path / "o.jsonl") if a == "OUT" else a for a in extra]
+    names = {"OUT": str(tmp_path / "o.jsonl"), "DIR": str(tmp_path), "REQ": str(requests_file)}
+    args = ["generate", "--model", "/no/such/model", "--inputs", str(requests_file)] + [names.get(a, a) for a in extra]
     assert main(args) == 2
     assert message in capsys.readouterr().err
 
