@@ -38,6 +38,8 @@ import shutil
 
 import torch
 
+from .errors import InvalidInputError
+
 __all__ = ["save_hf_compact", "save_state_compact", "copy_training_files", "resolve_dtype", "stored_dtype",
            "native_dtype", "dtype_note", "DTYPE_CHOICES"]
 
@@ -77,9 +79,17 @@ def stored_dtype(path) -> "torch.dtype | None":
         return None
     counts: dict = {}
     for file in _safetensors_files(path):
-        with open(file, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
+        try:
+            with open(file, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if not 0 < n <= min(os.path.getsize(file) - 8, 100 << 20):
+                    raise ValueError(f"header length {n}")
+                header = json.loads(f.read(n))
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            raise InvalidInputError(f"{file} is not a readable safetensors file ({e}); the checkpoint is damaged "
+                                    "or incomplete") from None
         for name, info in header.items():
             dt = _SAFETENSORS_DTYPES.get(info.get("dtype")) if isinstance(info, dict) else None
             if dt is not None:
@@ -156,7 +166,6 @@ def resolve_dtype(dtype, path=None, device="cpu"):
         >>> resolve_dtype("bf16"), resolve_dtype(torch.float32), resolve_dtype("auto", "/no/such/dir")
         (torch.bfloat16, torch.float32, 'auto')
     """
-    from .errors import InvalidInputError
 
     if isinstance(dtype, torch.dtype):
         return dtype

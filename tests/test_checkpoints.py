@@ -4,9 +4,11 @@ default where the device computes in it); what ``dtype="auto"`` means."""
 
 import os
 
+import pytest
 import torch
 
 from mmspec.checkpoints import save_state_compact
+from mmspec.errors import InvalidInputError
 
 
 def _rounded(state):
@@ -189,3 +191,15 @@ def test_auto_falls_back_to_the_configs_dtype_where_weights_are_unreadable(tmp_p
     assert MMSpecPipeline.from_pretrained(str(out)).model.dtype == torch.bfloat16  # its config says bf16
     _native(monkeypatch, False)
     assert MMSpecPipeline.from_pretrained(str(out)).model.dtype == torch.float32
+
+
+@pytest.mark.parametrize("content", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{not", b"\xff" * 64,
+                                     (4).to_bytes(8, "little") + b"[1,2"])
+def test_a_damaged_weights_file_is_a_clear_error(tmp_path, content):
+    """Reading the stored dtype of a folder whose safetensors file is cut short or garbage names the file,
+    rather than failing deep in JSON or memory allocation."""
+    from mmspec.checkpoints import stored_dtype
+
+    (tmp_path / "model.safetensors").write_bytes(content)
+    with pytest.raises(InvalidInputError, match="model.safetensors is not a readable safetensors file"):
+        stored_dtype(tmp_path)
