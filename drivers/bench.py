@@ -237,6 +237,8 @@ def _sim_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clips-dir", default=None, help="where clip videos are written and reused")
     p.add_argument("--json", default=None, help='write {"results": [...]} here')
+    p.add_argument("--step-study", type=int, default=0, metavar="N",
+                   help="also compare the flow head's step cache with uniformly fewer steps on N items")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -272,7 +274,61 @@ def _sim_run(args) -> int:
               f"{_fmt(ratio, '.2f'):>7s} {'yes' if r['realtime'] else 'no':>3s} {_fmt(q['min_ade'], '.3f'):>6s} "
               f"{_fmt(k6, '.3f'):>6s} {q['collision_count']:>4d} {q['offroad_count']:>4d} {q['red_light_count']:>4d} "
               f"{r['exact']}")
+    out = {"results": recs}
+    if args.step_study:
+        from mmspec.workloads import get_workload
+
+        vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(args.dtype, model, "cpu"))
+        rows = step_cache_study(vla, get_workload("driving").examples("test", args.step_study), seed=args.seed,
+                                progress=not args.no_progress)
+        out["step_cache_study"] = rows
+        print(f"\n{'step schedule':22s} {'head calls':>10s} {'drift m':>8s} {'ADE m':>7s}   (same noise, vs "
+              f"{rows[0]['variant']})")
+        for r in rows:
+            print(f"{r['variant']:22s} {r['head_calls']:10.2f} {r['drift_m']:8.3f} {r['ade_m']:7.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": recs}, f, indent=1, default=float)
+            json.dump(out, f, indent=1, default=float)
     return 0
+
+
+def step_cache_study(vla, examples, thresholds=(0.05, 0.1, 0.2, 0.3), cache_steps=(3, 4, 5, 6), seed: int = 0,
+                     progress: bool = True) -> list[dict]:
+    """The flow head's step cache against uniformly fewer Euler steps, at equal head calls and the same noise.
+
+    For each item the backbone runs once (prompt and reasoning in the cache); then the expert integrates from the
+    same noise with: the full ``num_steps`` (the reference), the adaptive cache at each threshold, the fixed
+    schedule, and plain Euler with every step count below ``num_steps``. Rows: ``variant``, mean ``head_calls``,
+    ``drift_m`` (ADE to the reference trajectory) and ``ade_m`` (ADE to the expert driver's future).
+
+    Example:
+        >>> rows = step_cache_study(vla, get_workload("driving").examples("test", 8))    # doctest: +SKIP
+        >>> [r["variant"] for r in rows][:2]                                            # doctest: +SKIP
+        ['uniform 10', 'adaptive 0.05']
+    """
+    from tqdm.auto import tqdm
+
+    from .vla import StepCache, integrate_actions
+
+    pipe = DrivingPipeline(vla, flashdrive="system")
+    steps = vla.expert.num_steps
+    variants = [(f"uniform {steps}", {})]
+    variants += [(f"adaptive {t:g}", {"step_cache": StepCache("adaptive", t)}) for t in thresholds]
+    variants += [(f"fixed {list(cache_steps)}", {"step_cache": StepCache("fixed", cache_steps=cache_steps)})]
+    variants += [(f"uniform {n}", {"num_steps": n}) for n in range(steps - 1, 1, -1)]
+    acc = {name: {"head_calls": [], "drift_m": [], "ade_m": []} for name, _ in variants}
+    for i, ex in enumerate(tqdm(examples, desc="step-cache study", file=sys.stderr, disable=not progress)):
+        pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=seed + i)
+        cache, start, valid = pipe.engine.last_context
+        ref = None
+        for name, kw in variants:
+            st: dict = {}
+            gen = torch.Generator(device=start.device).manual_seed(seed + i)  # the same noise for every variant
+            a = vla.expert.sample(cache, start, valid, generator=gen, precompute=True, stats=st, **kw)
+            traj = integrate_actions(a.float().cpu().numpy(), [ex.meta["speed"]])[0]
+            ref = traj if ref is None else ref
+            acc[name]["head_calls"].append(st["head_calls"])
+            acc[name]["drift_m"].append(_ade(traj, ref))
+            acc[name]["ade_m"].append(_ade(traj, ex.meta["future"]))
+    return [{"variant": name, "n": len(examples), **{k: float(np.mean(v)) for k, v in acc[name].items()}}
+            for name, _ in variants]

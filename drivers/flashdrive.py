@@ -235,6 +235,7 @@ class FlashDriveEngine:
         self._templates: dict = {}
         self._stream: _Stream | None = None
         self.stats = {"vision_hits": 0, "vision_misses": 0, "stream_ticks": 0, "resets": {}}
+        self.last_context = None
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -463,6 +464,7 @@ class FlashDriveEngine:
         gen = torch.Generator(device=dev).manual_seed(int(seed))
         expert = self.vla.expert
         stats: dict = {}
+        self.last_context = (cache, start, valid)  # what the expert read (step-cache studies; cropped if streaming)
         acts = [expert.sample(cache, start, valid, generator=gen, step_cache=self.step_cache,
                               precompute=self.config.system, stats=stats)]
         self._sync()

@@ -229,9 +229,12 @@ def test_drive_sim_command_writes_records(two_layer, tmp_path):
     out = tmp_path / "sim.json"
     rc = main(["drive-sim", "--model", model, "--systems", "plain,flashdrive,stream", "--clips", "1", "--ticks", "2",
                "--warmup", "1", "--closed-loop", "1", "--seconds", "2.3", "--samples", "2", "--threads", "1",
-               "--clips-dir", str(tmp_path / "clips"), "--json", str(out), "--no-progress"])
+               "--clips-dir", str(tmp_path / "clips"), "--json", str(out), "--no-progress", "--step-study", "1"])
     assert rc == 0
-    recs = json.loads(out.read_text())["results"]
+    data = json.loads(out.read_text())
+    recs, study = data["results"], {r["variant"]: r for r in data["step_cache_study"]}
+    assert study["uniform 3"]["drift_m"] == 0.0 and study["uniform 2"]["head_calls"] == 2
+    assert study["adaptive 0.1"]["head_calls"] <= 3
     assert [r["system"] for r in recs] == ["plain", "flashdrive", "stream"]
     for r in recs:
         lat, q = r["latency_ms"], r["quality"]
