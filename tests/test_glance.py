@@ -50,7 +50,7 @@ def perm():
     rand = GlanceDrafter.from_target(target, seed=0, block_size=5)
     records = [glance_record(target, p, rand.layer_ids, 32) for p in _prompts(50, seed=1)]
     trained = _train(target, records, GlanceDrafter.from_target(target, seed=0, block_size=5, num_layers=1,
-                                                                 anchor_feature=True), steps=120)
+                                                                 anchor_feature="all"), steps=120)
     return target, rand, trained, _left_pad(_prompts(10, seed=7))
 
 
@@ -168,7 +168,7 @@ def test_cached_drafting_equals_the_training_forward_text(perm, branch_k):
             assert torch.allclose(lg, ref, atol=1e-4), (r, a)
 
 
-@pytest.mark.parametrize("anchor_feature", [False, True])
+@pytest.mark.parametrize("anchor_feature", [False, True, "all"])
 def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature):
     """The same on Qwen2-VL with M-RoPE: context keys take the target's (time, height, width) positions, the
     text after the image continues from the rope delta. A noisy oracle in a union makes rounds accept long

@@ -208,9 +208,11 @@ class BlockHead(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, num_context_layers: int, block_size: int = 8,
                  num_layers: int = 2, num_heads: int | None = None, head_dim: int | None = None,
                  intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
-                 mrope_section=None, mrope_interleaved: bool = False, anchor_feature: bool = False):
+                 mrope_section=None, mrope_interleaved: bool = False, anchor_feature=False):
         super().__init__()
         H = int(hidden_size)
+        if anchor_feature not in (False, True, "all"):
+            raise ValueError(f"anchor_feature must be false, true or 'all' (got {anchor_feature!r})")
         if block_size < 2:
             raise ValueError(f"block_size must be >= 2 (one committed token and at least one draft; got {block_size})")
         if num_layers < 1 or num_context_layers < 1:
@@ -235,11 +237,33 @@ class BlockHead(nn.Module):
         # EAGLE's shortcut inside the block: the committed token's input also carries the context vector of the
         # position just before it (the state that predicted it). Without it the head must first learn to find
         # that one key among hundreds by attention, which on this scale of data costs most of its training.
+        # ``"all"`` broadcasts that state and the committed token to every position of the block, each mask told
+        # its offset by a learnt vector: every drafted position then starts from EAGLE's whole input and attention
+        # only has to refine it (what a few thousand training items can teach; DFlash learns it from ~10^6).
         self.anchor_proj = nn.Linear(H, H, bias=False) if anchor_feature else None
+        self.anchor_mode = "all" if anchor_feature == "all" else ("first" if anchor_feature else None)
+        self.offset_embedding = nn.Parameter(torch.randn(self.block_size, H) * 0.02) if anchor_feature == "all" \
+            else None
 
     @property
-    def anchor_feature(self) -> bool:
-        return self.anchor_proj is not None
+    def anchor_feature(self):
+        return {"all": "all", "first": True, None: False}[self.anchor_mode]
+
+    def anchor_inputs(self, tokens: torch.Tensor, before: torch.Tensor | None, n_blocks: int) -> tuple:
+        """Block inputs for ``n_blocks`` blocks: ``tokens[B, N, Bs]`` (committed token first) and the projected
+        context before each block ``before[B, N, H]`` -> ``(tokens, anchor_context[B, N, Bs, H] | None, offsets[Bs])``
+        as :meth:`forward` reads them in this head's ``anchor_feature`` mode."""
+        Bs = tokens.shape[-1]
+        offsets = torch.arange(Bs, device=tokens.device)
+        if self.anchor_mode is None:
+            return tokens, None, offsets
+        ctx = torch.zeros(*tokens.shape, before.shape[-1], dtype=before.dtype, device=before.device)
+        if self.anchor_mode == "all":
+            tokens = tokens[..., :1].expand_as(tokens).contiguous()
+            ctx[:] = before[..., None, :]
+        else:
+            ctx[..., 0, :] = before
+        return tokens, ctx, offsets
 
     @property
     def n_axes(self) -> int:
@@ -254,14 +278,22 @@ class BlockHead(nn.Module):
         cos, sin = self.rotary(positions, c.dtype)
         return [layer.context_kv(c, cos, sin) for layer in self.layers]
 
-    def forward(self, tokens, is_mask, positions, context, allowed=None, anchor_context=None):
+    def forward(self, tokens, is_mask, positions, context, allowed=None, anchor_context=None, offsets=None):
         """Block pass: ``tokens[B, T]`` (read where ``is_mask[B, T]`` is false), ``positions[B, T, A]``,
         ``context`` per layer ``(k, v)[B, h, C, d]``, ``allowed[B, T, C + T]`` -> ``(logits[B, T, V] float32,
         hidden[B, T, H])``; the logits at a mask position are the head's distribution of the token there.
         ``anchor_context[B, T, H]`` (heads with ``anchor_feature``): per query the projected context vector added
-        to its input (the state before the block at each block's committed token, zeros elsewhere)."""
+        to its input (the state before the block at each block's committed token, zeros elsewhere; at every
+        position in ``"all"`` mode, where ``tokens`` also repeat the committed token at the masks and ``offsets[T]``
+        give each query's offset in its block: see :meth:`anchor_inputs`)."""
         emb = self.embed_tokens(tokens)
-        x = torch.where(is_mask[..., None], self.mask_embedding.to(emb.dtype), emb)
+        if self.anchor_mode == "all":
+            if offsets is None:
+                raise ValueError("this head broadcasts the committed token over its block: pass offsets")
+            extra = self.mask_embedding.to(emb.dtype) + self.offset_embedding.to(emb.dtype)[offsets]
+            x = emb + torch.where(is_mask[..., None], extra, torch.zeros_like(extra))
+        else:
+            x = torch.where(is_mask[..., None], self.mask_embedding.to(emb.dtype), emb)
         if self.anchor_proj is not None:
             if anchor_context is None:
                 raise ValueError("this head reads the state before each block (anchor_feature): pass anchor_context")
@@ -372,7 +404,7 @@ class BlockDrafter(TrainableDrafter):
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1,), block_size: int = 8, num_layers: int = 2,
                  num_heads: int | None = None, head_dim: int | None = None, intermediate_size: int | None = None,
                  rms_eps: float = 1e-6, rope_theta: float = 10000.0, mrope_section=None,
-                 mrope_interleaved: bool = False, anchor_feature: bool = False, num_draft_tokens: int | None = None,
+                 mrope_interleaved: bool = False, anchor_feature=False, num_draft_tokens: int | None = None,
                  branch_k: int = 1, tree_budget: int | None = None, depth_budget: str | None = None,
                  fingerprint: dict | None = None):
         super().__init__(fingerprint=fingerprint)
@@ -388,7 +420,7 @@ class BlockDrafter(TrainableDrafter):
                        "intermediate_size": first.gate_proj.out_features, "rms_eps": float(rms_eps),
                        "rope_theta": float(rope_theta),
                        "mrope_section": None if mrope_section is None else [int(s) for s in mrope_section],
-                       "mrope_interleaved": bool(mrope_interleaved), "anchor_feature": bool(anchor_feature)}
+                       "mrope_interleaved": bool(mrope_interleaved), "anchor_feature": self.head.anchor_feature}
         self.num_draft_tokens = int(num_draft_tokens or block_size - 1)
         self.branch_k = int(branch_k)
         self.tree_budget = None if tree_budget is None else int(tree_budget)
@@ -592,11 +624,11 @@ class BlockDrafter(TrainableDrafter):
             allowed = torch.cat([valid[:, None, :].expand(B, Bs, -1),
                                  torch.ones(B, Bs, Bs, dtype=torch.bool, device=dev)], dim=2)
         allowed = self.context_mask(allowed, list(ctx.rows), slots, Bs)
-        anchor_ctx = None
-        if self.head.anchor_feature:
-            anchor_ctx = torch.zeros(B, Bs, self.head.hidden_size, dtype=self._last_c.dtype, device=dev)
-            anchor_ctx[:, 0] = self._last_c[slots.to(self._last_c.device)].to(dev)
-        logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx)
+        before = self._last_c[slots.to(self._last_c.device)].to(dev)[:, None]  # [B, 1, H]
+        tokens, anchor_ctx, offsets = self.head.anchor_inputs(tokens[:, None], before, 1)
+        tokens = tokens[:, 0]
+        anchor_ctx = None if anchor_ctx is None else anchor_ctx[:, 0]
+        logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx, offsets)
         return logits[:, 1:]
 
     def _sample(self, probs: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
@@ -765,14 +797,14 @@ def block_forward(head: BlockHead, batch: dict, context_mask=None) -> tuple:
     allowed = block_training_mask(anchors, valid, Bs)
     if context_mask is not None:
         allowed = context_mask(allowed, c, anchors, batch)
-    anchor_ctx = None
-    if head.anchor_feature:  # the state just before each block, at its committed token (anchors are >= 1)
+    before = None
+    if head.anchor_feature:  # the state just before each block (anchors are >= 1)
         before = c.gather(1, (a - 1).clamp(min=0)[:, :, None].expand(-1, -1, c.shape[-1]))  # [B, N, H]
-        anchor_ctx = torch.zeros(B, N, Bs, c.shape[-1], dtype=c.dtype, device=dev)
-        anchor_ctx[:, :, 0] = before
+    block_tok, anchor_ctx, offsets = head.anchor_inputs(block_tok, before, N)
+    if anchor_ctx is not None:
         anchor_ctx = anchor_ctx.view(B, N * Bs, -1)
-    logits, _ = head(block_tok.view(B, N * Bs), is_mask.reshape(B, N * Bs), block_pos.view(B, N * Bs, -1), context,
-                     allowed, anchor_ctx)
+    logits, _ = head(block_tok.reshape(B, N * Bs), is_mask.reshape(B, N * Bs), block_pos.view(B, N * Bs, -1), context,
+                     allowed, anchor_ctx, offsets.repeat(N))
     logits = logits.view(B, N, Bs, -1)[:, :, 1:]  # drafted offsets 1..Bs-1
     tgt_idx = a[:, :, None] + offs[None, None, 1:] - 1  # labels[a + j - 1]
     ok = (anchors[:, :, None] >= 0) & (tgt_idx < T)

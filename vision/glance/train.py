@@ -101,8 +101,8 @@ class GlanceTrainer(Trainer):
             v = opts[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"{self.kind} option {k} must be a positive integer (got {v!r})")
-        if not isinstance(opts["anchor_feature"], bool):
-            raise InvalidInputError(f"{self.kind} option anchor_feature must be true or false "
+        if not (isinstance(opts["anchor_feature"], bool) or opts["anchor_feature"] == "all"):
+            raise InvalidInputError(f"{self.kind} option anchor_feature must be true, false or \"all\" "
                                     f"(got {opts['anchor_feature']!r})")
         d = opts["loss_decay"]
         if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0):
