@@ -143,7 +143,9 @@ class TrajectoryExpert(nn.Module):
         B, N, _ = x_t.shape
         if t_emb is None:
             t_emb = time_embedding(t, self.hidden_size)
-        emb = self.in_proj(torch.cat([x_t, t_emb[:, None].expand(B, N, -1).to(x_t.dtype)], dim=-1))
+        # The flow state stays float32 (the same noise and Euler sums in any dtype); the expert runs in its own.
+        w = self.out_proj.weight.dtype
+        emb = self.in_proj(torch.cat([x_t.to(w), t_emb[:, None].expand(B, N, -1).to(w)], dim=-1))
         if positions is None:
             pos = (position_start[:, None] + torch.arange(N, device=x_t.device)[None]).long()
             positions = pos[None].expand(3, B, N)
