@@ -58,6 +58,7 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
 # ---------------------------------------------------------------------------- mmspec drive-sim
 SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False},
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
+               "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system",
                "flashdrive": True}
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every

@@ -71,6 +71,10 @@ class FlashDriveConfig:
         cache_steps: the fixed schedule's reused steps.
         system: build fixed positions and masks once, lean decode loop.
         on_break: ``"reset"`` (full prefill, reported) or ``"error"`` when a tick does not continue the stream.
+        refresh_every: a full prefill every this many ticks of a stream (``0``: never). Why: a kept frame's states
+            were computed attending to the frames before it, which were computed the same way, so information from
+            frames long gone reaches the window through the chain; a periodic refresh bounds it (at the cost of a
+            full prefill on those ticks).
 
     Example:
         >>> FlashDriveConfig.parse({"step_cache": "fixed", "stream": False}).step_cache
@@ -85,12 +89,15 @@ class FlashDriveConfig:
     cache_steps: tuple = (3, 4, 5, 6)
     system: bool = True
     on_break: str = "reset"
+    refresh_every: int = 0
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
             raise InvalidInputError(f"step_cache must be None, 'adaptive' or 'fixed' (got {self.step_cache!r})")
         if self.on_break not in ("reset", "error"):
             raise InvalidInputError(f"on_break must be 'reset' or 'error' (got {self.on_break!r})")
+        if isinstance(self.refresh_every, bool) or not isinstance(self.refresh_every, int) or self.refresh_every < 0:
+            raise InvalidInputError(f"refresh_every must be an integer >= 0 (got {self.refresh_every!r})")
         if self.stream and not self.vision_cache:
             object.__setattr__(self, "vision_cache", True)  # a kept frame's features are what streaming keeps
         StepCache(self.step_cache or "adaptive", self.threshold, self.cache_steps)  # validates the settings
@@ -192,6 +199,7 @@ class _Stream:
     slot_index: list  # per camera, per frame slot: LongTensor of cache indices
     prefix_len: int
     positions: torch.Tensor  # [3, L_cache]: the position of every cache entry
+    age: int = 0  # ticks since the last full prefill
 
 
 @dataclass
@@ -342,6 +350,8 @@ class FlashDriveEngine:
         for c in range(len(cameras)):
             if keys[c * fpc: c * fpc + fpc - 1] != st.frame_keys[c][1:]:
                 return ("frames", f"frames of camera {cameras[c]!r} do not continue the last window")
+        if self.config.refresh_every and st.age + 1 >= self.config.refresh_every:
+            return ("refresh", f"periodic refresh (every {self.config.refresh_every} ticks)")
         return None
 
     def _stream_prefill(self, st: _Stream, tpl: _Template, feats, fpc: int, ncam: int):
@@ -427,7 +437,7 @@ class FlashDriveEngine:
         te1 = time.perf_counter()
         tpl = self._template(prompt_text, [g for _, g in feats])
         brk = self._continues(tick, cameras, keys, tpl, fpc)
-        if brk is not None and brk[0] not in ("off", "start", "no tick") and self.config.on_break == "error":
+        if brk is not None and brk[0] not in ("off", "start", "no tick", "refresh") and self.config.on_break == "error":
             raise StreamBreakError(f"tick {tick} does not continue the stream: {brk[1]} (reset() starts a new clip)")
         tp0 = time.perf_counter()
         st, self._stream = self._stream, None  # taken: a failure below leaves no half-moved cache behind
@@ -479,7 +489,7 @@ class FlashDriveEngine:
             self._stream = _Stream(int(tick), tuple(cameras),
                                    [keys[c * fpc:(c + 1) * fpc] for c in range(ncam)], tpl.ids[: tpl.prefix_len],
                                    tpl.frame_spans[0][1] - tpl.frame_spans[0][0], cache, slots, tpl.prefix_len,
-                                   positions[:, :kept_len])
+                                   positions[:, :kept_len], age=(st.age + 1) if brk is None else 0)
         text = self.processor.tokenizer.decode(new, skip_special_tokens=True)
         timings = {"encode": te1 - te0, "preprocess": (te0 - t0) + (tp0 - te1), "prefill": tp1 - tp0,
                    "decode": td1 - tp1, "action": ta1 - td1, "total": ta1 - t0}

@@ -168,6 +168,14 @@ def test_reset_semantics(one_layer, world):
         _step(strict, world, 23, tick=2.5)
 
 
+def test_periodic_refresh(one_layer, world):
+    pipe = _pipe(one_layer, {**STREAM, "refresh_every": 2})
+    seen = [_step(pipe, world, k, tick=k)["stream"] for k in (20, 21, 22, 23)]
+    assert seen == ["first tick of a stream", "reuse", "periodic refresh (every 2 ticks)", "reuse"]
+    with pytest.raises(InvalidInputError, match="refresh_every"):
+        _pipe(one_layer, {"refresh_every": -1})
+
+
 def test_streaming_replay_of_a_written_clip(one_layer, tmp_path):
     """A clip written as videos (PyAV) and read back with decord, replayed tick by tick through the streaming
     pipeline (two cameras): every tick after the first reuses the stream and equals plain on the same frames."""
