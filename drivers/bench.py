@@ -264,7 +264,8 @@ def _sim_run(args) -> int:
                      args.samples, args.seed, args.dtype, args.clips_dir, progress=not args.no_progress)
     base = next((r for r in recs if r["system"] == "plain"), None)
     print(f"{'system':16s} {'pre':>5s} {'enc':>5s} {'fill':>5s} {'dec':>6s} {'act':>6s} {'total':>6s} {'p90':>6s} "
-          f"{'Hz':>5s} {'x plain':>7s} {'RT':>3s} {'minADE':>6s} {'ADE_6':>6s} {'coll':>4s} {'off':>4s} {'red':>4s} exact")
+          f"{'Hz':>5s} {'x plain':>7s} {'RT':>3s} {'minADE':>6s} {'ADE_6':>6s} {'coll':>4s} {'off':>4s} {'red':>4s} "
+          "exact")
     for r in recs:
         lat, q = r["latency_ms"], r["quality"]
         ratio = base["latency_ms"]["total"] / lat["total"] if base and lat.get("total") else None

@@ -392,7 +392,8 @@ class FlashDriveEngine:
             k_order = torch.cat(order_cached + [q_idx])
             mask = (k_order[None, :] <= q_idx[:, None])[None, None]
             if (self.backbone.config.get_text_config()._attn_implementation or "sdpa") != "sdpa":
-                mask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(~mask, torch.finfo(emb.dtype).min)
+                mask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(
+                    ~mask, torch.finfo(emb.dtype).min)
         hidden = self._forward(emb, tpl.positions[:, q_idx], cache, mask)
         # Slot map for the next tick: kept frames, then the new frames at the end of the kept part.
         slots, at = [], P

@@ -72,7 +72,8 @@ def test_rerotated_keys_equal_keys_rotated_at_the_new_positions():
     from mmspec.drivers.flashdrive import rerotate_keys
 
     cfg = Qwen2VLTextConfig(hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
-                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]})
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "mrope_section": [8, 12, 12]})
     rot = Qwen2VLRotaryEmbedding(cfg)
     g = torch.Generator().manual_seed(0)
     n = 40
