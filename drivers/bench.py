@@ -60,7 +60,7 @@ SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False,
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
                "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system",
-               "flashdrive": True}
+               "flashdrive": True, "flashdrive-refresh2": {"refresh_every": 2}}
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
 mechanism off: a control for the mechanisms measured alone), each mechanism alone, and ``flashdrive`` (all)."""
 
