@@ -249,6 +249,9 @@ def get_rule(rule: "str | AcceptanceRule | None", do_sample: bool) -> Acceptance
         except json.JSONDecodeError:
             options[key.strip()] = value.strip()
     try:
-        return _RULES[name](**options)
+        made = _RULES[name](**options)
     except TypeError as e:
         raise ValueError(f"bad options for acceptance rule {name!r}: {e}") from e
+    if options:  # stats carry the rule's name: let records with other settings read apart
+        made.name = ";".join([made.name] + [f"{k}={json.dumps(v)}" for k, v in sorted(options.items())])
+    return made

@@ -650,6 +650,13 @@ def fit(cfg: TrainConfig, accelerator=None):
         if start_from.fingerprint != drafter.fingerprint:
             raise InvalidInputError(f"{cfg.init_drafter} was trained for another target or layers than the data at "
                                     f"{data_dir} ({start_from.fingerprint} vs {drafter.fingerprint})")
+        given = getattr(cfg, "options", None) or {}
+        shape = getattr(trainer, "SHAPE_OPTIONS", {})
+        have = start_from.config_dict()
+        wrong = {o: (given[o], have.get(k)) for o, k in shape.items() if o in given and given[o] != have.get(k)}
+        if wrong:
+            raise InvalidInputError(f"--init-drafter {cfg.init_drafter} has another shape than --options asks for "
+                                    f"(option: asked, saved): {wrong}; drop those options or start fresh")
         drafter = start_from
     else:
         drafter = trainer.initial_drafter(drafter, cfg)

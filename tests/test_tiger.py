@@ -212,3 +212,22 @@ def test_mmspec_train_tiger_distill_then_policy(tmp_path):
     ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
     out = mmspec.generate(pipe.model, inputs, drafter=drafter, max_new_tokens=12)
     assert torch.equal(out.sequences, ref) and out.stats.drafter_counters["visual_read"] > 0
+
+
+def test_init_drafter_of_another_shape_than_the_options_is_refused(tmp_path):
+    """``--init-drafter`` with kind options asking for another head shape would train the saved shape under a
+    config that says otherwise: refused, naming the options."""
+    from mmspec.train import TrainConfig, fit
+
+    model = T.build("qwen2_vl")
+    d = TigerDrafter.from_target(model, seed=0, block_size=4, visual_top_k=6, router_dim=8)
+    d.save_pretrained(tmp_path / "init")
+    data = tmp_path / "data"
+    (data / "drafter-init").mkdir(parents=True)
+    d.save_pretrained(data / "drafter-init")
+    (data / "index.json").write_text(json.dumps({"kind": "tiger", "layer_ids": list(d.layer_ids)}))
+    cfg = TrainConfig(kind="tiger", target=str(tmp_path), out=str(tmp_path / "out"), data=str(data),
+                      init_drafter=str(tmp_path / "init"), num_draft_tokens=3, progress=False,
+                      options={"visual_top_k": 6, "router_dim": 16})
+    with pytest.raises(InvalidInputError, match="router_dim"):
+        fit(cfg)

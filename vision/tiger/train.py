@@ -187,6 +187,8 @@ class TigerPolicyLoss(nn.Module):
         logits, target = block_forward(d.head, batch, route)  # [B, N, J, V], [B, N, J]
         with torch.no_grad():
             ref = self._ref[0]
+            if ref.head.fc.weight.device != logits.device:  # kept out of the module tree, so prepare() never moved it
+                ref.to(logits.device)
             ref_logits, _ = block_forward(ref.head, batch, routing_mask(ref.router, ref.visual_top_k))
         logq = torch.log_softmax(logits.float(), dim=-1)
         G = self.group
