@@ -121,17 +121,30 @@ def _check_pil(img: Image.Image, what: str) -> Image.Image:
     return img
 
 
-def _from_path(p) -> Image.Image:
-    s = os.fspath(p)
-    if isinstance(s, bytes):
-        s = os.fsdecode(s)
+def local_file(p, what: str, error=InvalidImageError) -> Path:
+    """``p`` (``str`` / bytes / ``os.PathLike``, ``~`` expanded) as the :class:`~pathlib.Path` of an existing local
+    file, else ``error`` saying what is wrong (a URL: mmspec downloads nothing; no such file; a folder). ``what``
+    names the kind of file in the message (``"image"``, ``"video"``).
+
+    Example:
+        >>> local_file("/no/such/page.png", "image")
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidImageError: image file not found: /no/such/page.png
+    """
+    s = os.fsdecode(os.fspath(p))
     if "://" in s and not os.path.exists(s):
-        raise InvalidImageError(f"{s} looks like a URL; mmspec does not download images, save it to a file first")
+        raise error(f"{s} looks like a URL; mmspec does not download {what}s, save it to a file first")
     path = Path(os.path.expanduser(s))
     if not path.exists():
-        raise InvalidImageError(f"image file not found: {path}")
+        raise error(f"{what} file not found: {path}")
     if path.is_dir():
-        raise InvalidImageError(f"image path is a folder, not a file: {path}")
+        raise error(f"{what} path is a folder, not a file: {path}")
+    return path
+
+
+def _from_path(p) -> Image.Image:
+    path = local_file(p, "image")
     try:
         size = path.stat().st_size
     except OSError as e:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from mmspec.errors import InvalidInputError
+
+from .images import local_file
 
 __all__ = ["Video", "load_video", "sample_indices", "DEFAULT_FPS"]
 
@@ -142,14 +143,7 @@ def load_video(x, fps: float | None = None, num_frames: int | None = None, frame
         return x
     if not isinstance(x, (str, os.PathLike)):
         raise InvalidInputError(f"cannot use a {type(x).__name__} as a video; pass the path of a video file")
-    s = os.fsdecode(os.fspath(x))
-    if "://" in s and not os.path.exists(s):
-        raise InvalidInputError(f"{s} looks like a URL; mmspec does not download videos, save it to a file first")
-    path = Path(os.path.expanduser(s))
-    if not path.exists():
-        raise InvalidInputError(f"video file not found: {path}")
-    if path.is_dir():
-        raise InvalidInputError(f"video path is a folder, not a file: {path}")
+    path = local_file(x, "video", InvalidInputError)
     if path.stat().st_size == 0:
         raise InvalidInputError(f"video file is empty (0 bytes): {path}")
     try:

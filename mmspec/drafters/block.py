@@ -249,8 +249,8 @@ class BlockHead(nn.Module):
     def anchor_feature(self):
         return {"all": "all", "first": True, None: False}[self.anchor_mode]
 
-    def anchor_inputs(self, tokens: torch.Tensor, before: torch.Tensor | None, n_blocks: int) -> tuple:
-        """Block inputs for ``n_blocks`` blocks: ``tokens[B, N, Bs]`` (committed token first) and the projected
+    def anchor_inputs(self, tokens: torch.Tensor, before: torch.Tensor | None) -> tuple:
+        """Block inputs for ``N`` blocks: ``tokens[B, N, Bs]`` (committed token first) and the projected
         context before each block ``before[B, N, H]`` -> ``(tokens, anchor_context[B, N, Bs, H] | None, offsets[Bs])``
         as :meth:`forward` reads them in this head's ``anchor_feature`` mode."""
         Bs = tokens.shape[-1]
@@ -625,7 +625,7 @@ class BlockDrafter(TrainableDrafter):
                                  torch.ones(B, Bs, Bs, dtype=torch.bool, device=dev)], dim=2)
         allowed = self.context_mask(allowed, list(ctx.rows), slots, Bs)
         before = self._last_c[slots.to(self._last_c.device)].to(dev)[:, None]  # [B, 1, H]
-        tokens, anchor_ctx, offsets = self.head.anchor_inputs(tokens[:, None], before, 1)
+        tokens, anchor_ctx, offsets = self.head.anchor_inputs(tokens[:, None], before)
         tokens = tokens[:, 0]
         anchor_ctx = None if anchor_ctx is None else anchor_ctx[:, 0]
         logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx, offsets)
@@ -800,7 +800,7 @@ def block_forward(head: BlockHead, batch: dict, context_mask=None) -> tuple:
     before = None
     if head.anchor_feature:  # the state just before each block (anchors are >= 1)
         before = c.gather(1, (a - 1).clamp(min=0)[:, :, None].expand(-1, -1, c.shape[-1]))  # [B, N, H]
-    block_tok, anchor_ctx, offsets = head.anchor_inputs(block_tok, before, N)
+    block_tok, anchor_ctx, offsets = head.anchor_inputs(block_tok, before)
     if anchor_ctx is not None:
         anchor_ctx = anchor_ctx.view(B, N * Bs, -1)
     logits, _ = head(block_tok.reshape(B, N * Bs), is_mask.reshape(B, N * Bs), block_pos.view(B, N * Bs, -1), context,
