@@ -119,6 +119,57 @@ def parse_csv(text, cast=str, what: str = "value") -> list:
         raise InvalidInputError(f"bad {what} list {text!r}: {e}") from e
 
 
+SAMPLING_KEYS = {"temperature": float, "top_k": int, "top_p": float}
+
+
+def parse_sampling(text) -> dict | None:
+    """``--sample`` on the command line: ``"temperature=0.7,top_k=50"`` -> a ``sampling`` dict (``None`` and
+    ``""`` stay greedy; ``"default"`` samples with the model's generation config). Raises on unknown keys and
+    values out of range.
+
+    Example:
+        >>> parse_sampling("temperature=0.7,top_k=50"), parse_sampling("default"), parse_sampling(None)
+        ({'temperature': 0.7, 'top_k': 50}, {}, None)
+    """
+    if text is None or not str(text).strip():
+        return None
+    if str(text).strip() == "default":
+        return {}
+    out = {}
+    for pair in parse_csv(text):
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in SAMPLING_KEYS:
+            raise InvalidInputError(f"bad --sample item {pair!r}: use key=value with keys {', '.join(SAMPLING_KEYS)}")
+        try:
+            out[key] = SAMPLING_KEYS[key](value)
+        except ValueError as e:
+            raise InvalidInputError(f"bad --sample value {pair!r}: {e}") from e
+    if out.get("temperature", 1.0) <= 0 or not 0 < out.get("top_p", 1.0) <= 1 or out.get("top_k", 1) < 0:
+        raise InvalidInputError(f"--sample {text!r}: temperature must be > 0, top_p in (0, 1], top_k >= 0")
+    return out
+
+
+def split_rule(spec: str) -> tuple:
+    """A system spec's acceptance rule, apart: ``"eagle:/h;topk=3;rule=sample_then_match"`` -> ``("eagle:/h;topk=3",
+    "sample_then_match")``. Rule options follow the name after colons (``rule=NAME:key=value``; ``;`` and ``,``
+    already separate drafter options and systems) and come back in the rule registry's ``"NAME;key=value"``.
+
+    Example:
+        >>> split_rule("eagle:/h;rule=lantern++:lambda=2+budget")
+        ('eagle:/h+budget', 'lantern++;lambda=2')
+        >>> split_rule("lookup")
+        ('lookup', None)
+    """
+    suffix = BUDGET_SUFFIX if spec.endswith(BUDGET_SUFFIX) else ""
+    parts = spec.removesuffix(suffix).split(";")
+    rules = [p.strip()[len("rule="):] for p in parts if p.strip().startswith("rule=")]
+    if len(rules) > 1:
+        raise InvalidInputError(f"system {spec!r} names more than one acceptance rule")
+    kept = ";".join(p for p in parts if not p.strip().startswith("rule="))
+    return kept + suffix, (rules[0].replace(":", ";") if rules else None)
+
+
 # ---------------------------------------------------------------------------- configuration
 @dataclass
 class BenchConfig:
@@ -146,6 +197,13 @@ class BenchConfig:
         inputs: a JSONL file of the user's own requests (:mod:`mmspec.inputs`), measured instead of
             ``workloads`` as one workload named ``inputs:<file name>``; ``n`` (default: every line) takes
             the first ``n``. Quality fields come from the lines' ``reference``.
+        sampling: ``None`` (greedy, the default) or the sampling settings every system runs with
+            (``{"temperature": 1.0, "top_k": 50, "top_p": 0.9}``, see :func:`parse_sampling`): AR samples
+            with ``generate(do_sample=True)``, mmspec systems with their acceptance rule (the lossless
+            ``speculative_sampling`` unless a system names another, ``eagle;rule=sample_then_match``). Each
+            batch gets the same seed in every system; outputs are not compared token for token (a lossless
+            sampler keeps AR's distribution, not its draws), so identity fields are ``None`` and ``lossless``
+            is the rule's own declaration. The ceiling, a greedy oracle, does not run.
 
     Example:
         >>> BenchConfig(quick=True).resolved_sizes()
@@ -167,6 +225,7 @@ class BenchConfig:
     threads: int | None = None
     dtype: str | None = "auto"
     inputs: str | None = None
+    sampling: dict | None = None
 
     def resolved_device(self) -> torch.device:
         """``device``, or CUDA when available, else the CPU: where every system and plain pipeline runs.
@@ -231,6 +290,16 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
     shipped = {spec.partition(":")[0]: spec for spec in bundled}
     out = ["ar"]
     for name in names:
+        name, rule = split_rule(name)
+        if rule is not None:
+            if name.split(";")[0] == "ceiling" or name.removesuffix(BUDGET_SUFFIX) in BUILTIN_SYSTEMS:
+                raise InvalidInputError(f"system {name!r} takes no acceptance rule (only mmspec drafters do)")
+            from .acceptance import get_rule
+
+            try:
+                get_rule(rule.replace(":", ";"), do_sample=True)
+            except ValueError as e:
+                raise InvalidInputError(f"system {name!r}: {e}") from e
         suffix = BUDGET_SUFFIX if name.endswith(BUDGET_SUFFIX) else ""
         parts = [p.strip() for p in name.removesuffix(suffix).split(UNION_SEP)]
         for i, part in enumerate(parts):
@@ -243,6 +312,8 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
                                             "(a checkpoint from `mmspec train`)")
                 parts[i] = shipped[head] + part[len(head):]
         name = UNION_SEP.join(parts) + suffix
+        if rule is not None:
+            name = f"{name.removesuffix(suffix)};rule={rule.replace(';', ':')}{suffix}"
         if name in out:
             continue
         if name.split(";")[0] == "ceiling":
@@ -308,6 +379,12 @@ class System:
         self.name = name
         self.model = model
         self.max_new_tokens = max_new_tokens
+        self.sampling = None  # None: greedy; else generate's sampling kwargs (BenchConfig.sampling)
+        self.seed = 0  # the seed of the next run when sampling (set per batch by the bench)
+
+    def _mode_kwargs(self) -> dict:
+        """``generate`` kwargs of the run's decoding mode: greedy, or sampling with its settings."""
+        return {"do_sample": False} if self.sampling is None else {"do_sample": True, **self.sampling}
 
     @property
     def label(self) -> str:
@@ -359,7 +436,9 @@ class ARSystem(System):
     kind = "ar"
 
     def _generate(self, inputs):
-        return self.model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens), None
+        if self.sampling is not None:
+            torch.manual_seed(self.seed)
+        return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, **self._mode_kwargs()), None
 
 
 class HFAssistedSystem(System):
@@ -385,7 +464,10 @@ class HFAssistedSystem(System):
         return HF_BATCH1_ONLY if batch_size > 1 else None
 
     def _generate(self, inputs):
-        out = self.model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens, **self.assist_kwargs)
+        if self.sampling is not None:
+            torch.manual_seed(self.seed)
+        out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, **self._mode_kwargs(),
+                                  **self.assist_kwargs)
         return out, None
 
 
@@ -394,10 +476,11 @@ class MMSpecSystem(System):
 
     kind = "mmspec"
 
-    def __init__(self, name, model, max_new_tokens, drafter, budget=None):
+    def __init__(self, name, model, max_new_tokens, drafter, budget=None, rule=None):
         super().__init__(name, model, max_new_tokens)
         self.drafter = drafter
         self.budget = budget
+        self.rule = rule  # acceptance rule spec; None: the lossless rule of the mode
         stop = getattr(drafter, "stop", None)
         if stop is not None and "min_confidence=" not in name:  # a saved setting the label does not show
             self.note = f"min_confidence={stop.spec()} (saved with the drafter)"
@@ -413,8 +496,9 @@ class MMSpecSystem(System):
     def _generate(self, inputs):
         from .decode import generate
 
-        out = generate(self.model, inputs, drafter=self.drafter, do_sample=False, max_new_tokens=self.max_new_tokens,
-                       budget=self.budget, record_entropy=True)
+        seed = None if self.sampling is None else self.seed
+        out = generate(self.model, inputs, drafter=self.drafter, max_new_tokens=self.max_new_tokens,
+                       budget=self.budget, record_entropy=True, rule=self.rule, seed=seed, **self._mode_kwargs())
         return out.sequences, out.stats
 
 
@@ -448,6 +532,9 @@ class CeilingSystem(MMSpecSystem):
 
     def forget(self):
         pass
+
+    def unsupported(self, batch_size):
+        return "unsupported: the ceiling is a greedy oracle (sampling run)" if self.sampling is not None else None
 
     def prepare(self, inputs):
         from .drafters.oracle import NoisyOracleDrafter
@@ -517,15 +604,18 @@ def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int
         elif name == "hf-assistant":
             systems.append(HFAssistedSystem(name, model, max_new_tokens, assistant_model=small.model))
         else:
-            base = name.removesuffix(BUDGET_SUFFIX)
+            spec, rule = split_rule(name)
+            base = spec.removesuffix(BUDGET_SUFFIX)
             if base == "draft-model":
                 drafter = small
             else:  # lookups draft as deep as transformers' prompt lookup; a bare draft-model gets --draft-model
                 drafter = make_drafter(UNION_SEP.join(_with_draft_model(_lookup_depth(p.strip(), cfg.lookup_tokens),
                                                                         cfg.draft_model)
                                                       for p in base.split(UNION_SEP)), model)
-            budget = DepthBudget() if base != name else None
-            systems.append(MMSpecSystem(name, model, max_new_tokens, drafter, budget))
+            budget = DepthBudget() if base != spec else None
+            systems.append(MMSpecSystem(name, model, max_new_tokens, drafter, budget, rule))
+    for system in systems:
+        system.sampling = None if cfg.sampling is None else dict(cfg.sampling)
     return systems
 
 
@@ -659,7 +749,7 @@ def _attempt(tally: _Tally, inputs, where: str, device):
 
 
 def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System], device, eos_ids: set,
-                bar, decode=None, references=None) -> list[_Tally]:
+                bar, decode=None, references=None, seed: int = 0) -> list[_Tally]:
     """Measure every system on ``batches`` (one workload, one batch size), interleaved; one tally each.
 
     The first batch is run once untimed by every system (warm-up); then each batch is run by every
@@ -667,6 +757,8 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
     any other system that raises is marked ``error`` and skipped for the rest of the cell. ``decode``
     (sequences, prompt length -> texts) keeps each system's texts for the quality fields; ``references``
     (per batch, each row's reference answer as token ids) go to each system before it runs that batch.
+    When the systems sample, batch ``i`` runs with seed ``seed + i`` in every system and identity with AR is
+    not judged (a lossless sampler matches AR's distribution, not its draws).
     """
     tallies = [_Tally(s) for s in systems]
     for t in tallies:
@@ -683,6 +775,7 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
         for t in live[i % len(live):] + live[: i % len(live)]:
             if references is not None:
                 t.system.use_references(references[i])
+            t.system.seed = seed + i
             run = _attempt(t, inputs, where, device) if t.status == "ok" else None
             bar.update(1)
             if run is None:
@@ -698,7 +791,8 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
             if stats is not None:
                 t.stats = (t.stats or SpecStats()).merge(stats)
         plen = inputs["input_ids"].shape[1]
-        ar_rows = _row_tokens(outputs["ar"], plen, eos_ids) if "ar" in outputs else None
+        sampling = any(t.system.sampling is not None for t in live)
+        ar_rows = _row_tokens(outputs["ar"], plen, eos_ids) if "ar" in outputs and not sampling else None
         for t in live:
             if t.system.name in outputs and ar_rows is not None:
                 rows = _row_tokens(outputs[t.system.name], plen, eos_ids)
@@ -728,7 +822,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
     s, kind, ok = tally.stats, tally.system.kind, tally.status == "ok"
     rec = {"workload": workload, "system": tally.system.label, "spec": tally.system.name, "kind": kind,
            "batch_size": batch_size, "status": tally.status, "n_examples": n_examples, "note": tally.system.note,
-           "dtype": dtype_name(getattr(tally.system.model, "dtype", None))}
+           "dtype": dtype_name(getattr(tally.system.model, "dtype", None)), "sampling": tally.system.sampling}
     if not ok:
         measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
                     "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar",
@@ -754,7 +848,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
         target_forwards=tally.forwards,
         tokens_per_s=tally.new_tokens / tally.time if tally.time else None,
         time_s=tally.time,
-        identical_to_ar=tally.identical,
+        identical_to_ar=tally.identical if tally.rows else None,
         identical_rate=tally.identical_rows / tally.rows if tally.rows else None,
         divergences=tally.divergences,
         new_tokens=tally.new_tokens,
@@ -946,6 +1040,10 @@ class BenchReport:
                     "warm-up; median: median of the per-batch ratios; of ceil: speedup as a share of the ceiling's (a "
                     "perfect drafter, same run); same: share of rows identical to AR token for "
                     f"token (dtype {self.meta.get('dtype')})"]
+        if self.meta.get("sampling") is not None:
+            out += [f"sampling run ({self.meta['sampling'] or 'the model generation config'}, seed per batch shared by "
+                    "the systems): outputs are not compared token for token; a system is lossless when its "
+                    "acceptance rule keeps the target's distribution (records: lossless, the rule in the system name)"]
         return "\n".join(out)
 
     def save_png(self, path) -> None:
@@ -1048,6 +1146,7 @@ def _meta(cfg: BenchConfig, model_path: str, model, n: int, max_new: int) -> dic
         "dtype": dtype_name(model.dtype) if model is not None else None,
         "device": str(model.device if model is not None else cfg.resolved_device()),
         "draft_model": cfg.draft_model,
+        "sampling": cfg.sampling,
         "args": {**asdict(cfg), "n": n, "max_new_tokens": max_new},
         "speedup": "sum of AR times / sum of system times, interleaved per batch after a warm-up, one run",
     }
@@ -1145,7 +1244,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
                     references = [[tok(e.target + (tok.eos_token or ""), add_special_tokens=False)["input_ids"]
                                    if e.target else [] for e in c] for c in chunks]
                     tallies = _bench_cell(batches, ids, bs, systems, device, eos_ids, bar, decode=pipe.decode_new,
-                                          references=references)
+                                          references=references, seed=cfg.seed)
                     ar = tallies[0]
                     refs = [e.target if e.target or e.meta.get("has_reference") else None
                             for c in chunks for e in c]

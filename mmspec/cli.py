@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", default="1,4", help="comma-separated batch sizes (default 1,4)")
     b.add_argument("--split", default="test", help="workload split (default test)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--sample", default=None, metavar="SETTINGS",
+                   help="sample instead of greedy: 'temperature=0.7,top_k=50,top_p=0.9' or 'default' (the model's "
+                        "generation config); a system may name its acceptance rule, e.g. "
+                        "'eagle;rule=sample_then_match' (default: the lossless speculative_sampling)")
     b.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: cuda when available)")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     _dtype_argument(b)
@@ -253,14 +257,14 @@ def _demo(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import BenchConfig, check_outputs, parse_csv, run_bench
+    from .bench import BenchConfig, check_outputs, parse_csv, parse_sampling, run_bench
 
     check_outputs(args.json, args.png)
     cfg = BenchConfig(model=args.model, workloads=parse_csv(args.workload), systems=parse_csv(args.systems),
                       draft_model=args.draft_model, n=args.n, max_new_tokens=args.max_new_tokens,
                       batch_sizes=parse_csv(args.batch_sizes, int, "batch size"), split=args.split, seed=args.seed,
                       quick=args.quick, device=args.device, threads=args.threads, dtype=args.dtype,
-                      inputs=args.inputs)
+                      inputs=args.inputs, sampling=parse_sampling(args.sample))
     report = run_bench(cfg, progress=not args.no_progress)
     print(report.table())
     if args.json:

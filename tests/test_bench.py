@@ -390,3 +390,59 @@ def test_entropy_trace_is_the_targets_root_entropy(tiny_vlm):
             return None, out.stats, 0
 
     assert _timed(Run(), inputs, torch.device("cpu"))[3] < 0.0  # an instant run minus the recorded audit time
+
+
+def test_sampling_run_names_rules_and_skips_identity(tiny_vlm):
+    """``--sample``: every system samples with the same per-batch seed, a system may name its acceptance rule
+    (GLANCE's sample-then-match beside the default speculative sampling), records say the rule and whether it is
+    lossless, identity with AR is not judged and the greedy ceiling does not run. AR's samples are the model's
+    own (``generate(do_sample=True)`` with the batch's seed)."""
+    from mmspec.bench import parse_sampling, split_rule
+
+    sampling = parse_sampling("temperature=0.8,top_k=20")
+    assert sampling == {"temperature": 0.8, "top_k": 20}
+    cfg = BenchConfig(model=tiny_vlm, workloads=[BenchShapes.name], n=2, max_new_tokens=8, batch_sizes=[1, 2],
+                      systems=["lookup", "lookup;rule=sample_then_match", "lookup;rule=greedy", "ceiling"],
+                      sampling=sampling)
+    report = run_bench(cfg, progress=False)
+    recs = _by_key(report.results)
+    for bs in (1, 2):
+        ar, spec = recs[(BenchShapes.name, "ar", bs)], recs[(BenchShapes.name, "lookup", bs)]
+        stm = recs[(BenchShapes.name, "lookup;rule=sample_then_match", bs)]
+        greedy = recs[(BenchShapes.name, "lookup;rule=greedy", bs)]
+        assert ar["status"] == spec["status"] == stm["status"] == greedy["status"] == "ok"
+        assert ar["sampling"] == spec["sampling"] == sampling
+        assert spec["identical_rate"] is None and spec["identical_to_ar"] is None and spec["divergences"] == []
+        assert spec["lossless"] is True and stm["lossless"] is True
+        assert greedy["lossless"] is False  # a greedy rule under sampling does not keep the distribution
+        assert recs[(BenchShapes.name, "ceiling", bs)]["status"].startswith("unsupported")
+    assert "sampling run" in report.table()
+    assert report.meta["sampling"] == sampling
+    # AR's batch-1 draws are generate's own under the batch's seed: seed 0 for the first batch
+    import torch
+
+    from mmspec.bench import ARSystem
+
+    pipe = mmspec.MMSpecPipeline.from_pretrained(tiny_vlm)
+    ex = BenchShapes().examples("test", 1)[0]
+    inputs = pipe.prepare(images=[ex.images], prompt=[ex.prompt])
+    ar_sys = ARSystem("ar", pipe.model, 8)
+    ar_sys.sampling, ar_sys.seed = sampling, 5
+    torch.manual_seed(5)
+    want = pipe.model.generate(**inputs, do_sample=True, max_new_tokens=8, **sampling)
+    assert torch.equal(ar_sys.run(inputs)[0], want)
+    assert split_rule("eagle:/h;topk=3;rule=lantern++:lambda=2+budget") == ("eagle:/h;topk=3+budget", "lantern++;lambda=2")
+
+
+@pytest.mark.parametrize("systems, text, message", [
+    (["lookup;rule=nope"], None, "unknown acceptance rule"),
+    (["ar;rule=greedy"], None, "takes no acceptance rule"),
+    (["lookup"], "temperature=0", "temperature must be > 0"),
+    (["lookup"], "beam=2", "bad --sample item"),
+])
+def test_bad_sampling_requests_raise_before_loading(systems, text, message):
+    from mmspec.bench import parse_sampling
+
+    with pytest.raises(mmspec.InvalidInputError, match=message):
+        run_bench(BenchConfig(model="/no/such/model", workloads=[BenchShapes.name], systems=systems,
+                              sampling=parse_sampling(text)))

@@ -265,3 +265,37 @@ def test_probe_warmup_detaches_the_fresh_probes_features(tmp_path, monkeypatch):
                             vocab_size=400, warmup=1, probe_warmup=2)
     train_target(cfg, progress=False)
     assert seen == {"reader": [False, False, True], "locator": [False, False, True]}
+
+
+def test_grow_target_is_the_same_function_with_more_layers(tiny, examples, tmp_path):
+    """``grow``: appended text layers and vision blocks start as the identity (same logits, same greedy output,
+    the saved patch reader carried over), so training a grown target starts where the smaller one stood."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from mmspec.errors import InvalidInputError
+    from mmspec.vision.testbed import grow_target
+
+    model, processor = tiny
+    src, out = tmp_path / "src", tmp_path / "grown"
+    model.save_pretrained(src)
+    processor.save_pretrained(src)
+    torch.save({"reader": {"w": torch.ones(2)}, "optimizer": {}}, src / "state.pt")
+    grow_target(str(src), str(out), text_layers=4, vision_depth=3, progress=False)
+    grown = Qwen2VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
+    small = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32).eval()
+    assert grown.config.text_config.num_hidden_layers == 4 and len(grown.model.language_model.layers) == 4
+    assert grown.config.vision_config.depth == 3 and len(grown.model.visual.blocks) == 3
+    assert float(grown.model.language_model.layers[3].self_attn.o_proj.weight.detach().abs().sum()) == 0.0
+    assert float(grown.model.language_model.layers[3].self_attn.q_proj.weight.detach().abs().sum()) > 0.0
+    batch = make_batch(processor, examples[:2])
+    batch.pop("labels")
+    with torch.no_grad():
+        a, b = small(**batch).logits, grown(**batch).logits
+    assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    with torch.no_grad():
+        ga = small.generate(**batch, do_sample=False, max_new_tokens=6)
+        gb = grown.generate(**batch, do_sample=False, max_new_tokens=6)
+    assert torch.equal(ga, gb)
+    assert torch.equal(torch.load(out / "state.pt", weights_only=True)["reader"]["w"], torch.ones(2))
+    with pytest.raises(InvalidInputError, match="only adds layers"):
+        grow_target(str(out), str(tmp_path / "smaller"), text_layers=2, progress=False)

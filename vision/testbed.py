@@ -735,6 +735,74 @@ def export_target(src: str, out: str = TARGET_DIR, dtype=torch.bfloat16) -> str:
     return out
 
 
+def grow_target(src: str, out: str, text_layers: int = 0, vision_depth: int = 0, progress: bool = True) -> str:
+    """A deeper copy of the target in ``src`` that computes exactly the same function: ``text_layers`` decoder
+    layers and ``vision_depth`` vision blocks in all (0: unchanged), the new ones appended after the last, each a
+    copy of the last one with its residual outputs zeroed (attention ``o_proj`` / ``proj`` and MLP ``down_proj`` /
+    ``fc2``), so it starts as the identity and gradients reach its output projections from the first step.
+
+    Why appended: the supervised reading and tracking layers keep their indices (``read_layers``) and the
+    locator still reads layer 0. Why copies and not random weights: a zeroed output projection only passes
+    gradient to what feeds it once it moves, and then a copy of a trained block is a better start than noise.
+    The patch reader of ``src`` (its ``state.pt``) is carried over, so ``train --init OUT`` keeps it.
+
+    Example:
+        >>> grow_target("vision/assets/testbed-vlm", "/tmp/grown", text_layers=8, vision_depth=6)  # doctest: +SKIP
+    """
+    from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+    from mmspec.checkpoints import copy_training_files
+    from mmspec.errors import InvalidInputError
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
+    processor = AutoProcessor.from_pretrained(src)
+    text_cfg, vis_cfg = model.config.text_config, model.config.vision_config
+    n_text, n_vis = int(text_cfg.num_hidden_layers), int(vis_cfg.depth)
+    text_layers, vision_depth = int(text_layers) or n_text, int(vision_depth) or n_vis
+    if text_layers < n_text or vision_depth < n_vis:
+        raise InvalidInputError(f"grow only adds layers: {src} has {n_text} text layers and {n_vis} vision blocks "
+                                f"(asked for {text_layers} and {vision_depth})")
+    config = model.config.to_dict()
+    config["text_config"].update(num_hidden_layers=text_layers, layer_types=None)
+    config["vision_config"]["depth"] = vision_depth
+    grown = Qwen2VLForConditionalGeneration(type(model.config).from_dict(config)).float()
+    state = model.state_dict()
+    new_state = grown.state_dict()
+    text_prefix, vis_prefix = "model.language_model.layers.", "model.visual.blocks."
+
+    groups = ((text_prefix, n_text, ("self_attn.o_proj.", "mlp.down_proj.")),
+              (vis_prefix, n_vis, ("attn.proj.", "mlp.fc2.")))
+
+    def source(key: str) -> tuple:
+        """``(the key in src this weight copies, whether it is a new layer's residual output, to be zeroed)``."""
+        for prefix, n, zeroed in groups:
+            if key.startswith(prefix):
+                i, rest = key[len(prefix):].split(".", 1)
+                if int(i) >= n:
+                    return f"{prefix}{n - 1}.{rest}", rest.startswith(zeroed)
+        return key, False
+
+    for key in new_state:
+        src_key, zero = source(key)
+        new_state[key] = torch.zeros_like(state[src_key]) if zero else state[src_key].clone()
+    missing = sorted(set(state) - {source(k)[0] for k in new_state})
+    if missing:
+        raise InvalidInputError(f"grow_target: weights of {src} without a place in the grown model: {missing[:4]}")
+    grown.load_state_dict(new_state)
+    grown.generation_config = model.generation_config
+    os.makedirs(out, exist_ok=True)
+    grown.save_pretrained(out)
+    processor.save_pretrained(out)
+    copy_training_files(src, out)
+    state_path = os.path.join(src, "state.pt")
+    if os.path.isfile(state_path):  # the patch reader reads the merger's output, whose size does not change
+        torch.save({"reader": torch.load(state_path, weights_only=True)["reader"]}, os.path.join(out, "state.pt"))
+    if progress:
+        print(f"testbed: grew {src} to {text_layers} text layers ({n_text} before) and {vision_depth} vision blocks "
+              f"({n_vis} before) in {out}")
+    return out
+
+
 def main(argv=None) -> int:
     """``python -m mmspec.vision.testbed train|eval ...``: train or evaluate the testbed target."""
     import argparse
@@ -743,6 +811,11 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     add_config_arguments(t, TargetTrainConfig)
+    g = sub.add_parser("grow", help="a deeper copy of a target that computes the same function (see grow_target)")
+    g.add_argument("--init", required=True, help="the target to grow")
+    g.add_argument("--out", required=True)
+    g.add_argument("--text-layers", type=int, default=0, help="decoder layers in all (0: unchanged)")
+    g.add_argument("--vision-depth", type=int, default=0, help="vision blocks in all (0: unchanged)")
     x = sub.add_parser("export")
     x.add_argument("--model", required=True)
     x.add_argument("--out", default=TARGET_DIR)
@@ -768,6 +841,9 @@ def main(argv=None) -> int:
     if args.cmd == "train":
         cfg = TargetTrainConfig(**{k: v for k, v in vars(args).items() if k != "cmd"})
         train_target(cfg)
+        return 0
+    if args.cmd == "grow":
+        print(grow_target(args.init, args.out, args.text_layers, args.vision_depth))
         return 0
     if args.cmd == "export":
         print(export_target(args.model, args.out))
