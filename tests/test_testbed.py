@@ -279,7 +279,7 @@ def test_grow_target_is_the_same_function_with_more_layers(tiny, examples, tmp_p
     src, out = tmp_path / "src", tmp_path / "grown"
     model.save_pretrained(src)
     processor.save_pretrained(src)
-    torch.save({"reader": {"w": torch.ones(2)}, "optimizer": {}}, src / "state.pt")
+    torch.save({"reader": {"w": torch.ones(2)}, "locator": {"w": torch.zeros(3)}, "optimizer": {}}, src / "state.pt")
     grow_target(str(src), str(out), text_layers=4, vision_depth=3, progress=False)
     grown = Qwen2VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
     small = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32).eval()
@@ -296,6 +296,7 @@ def test_grow_target_is_the_same_function_with_more_layers(tiny, examples, tmp_p
         ga = small.generate(**batch, do_sample=False, max_new_tokens=6)
         gb = grown.generate(**batch, do_sample=False, max_new_tokens=6)
     assert torch.equal(ga, gb)
-    assert torch.equal(torch.load(out / "state.pt", weights_only=True)["reader"]["w"], torch.ones(2))
+    carried = torch.load(out / "state.pt", weights_only=True)
+    assert set(carried) == {"reader", "locator"} and torch.equal(carried["reader"]["w"], torch.ones(2))
     with pytest.raises(InvalidInputError, match="only adds layers"):
         grow_target(str(out), str(tmp_path / "smaller"), text_layers=2, progress=False)

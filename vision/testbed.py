@@ -426,7 +426,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             with open(os.path.join(cfg.init, "train_config.json")) as f:
                 init_loss = json.load(f).get("aux_loss", "bce")
         if os.path.isfile(os.path.join(cfg.init, "state.pt")) and init_loss == cfg.aux_loss:
-            reader.load_state_dict(torch.load(os.path.join(cfg.init, "state.pt"), weights_only=True)["reader"])
+            saved = torch.load(os.path.join(cfg.init, "state.pt"), weights_only=True)
+            reader.load_state_dict(saved["reader"])
+            if "locator" in saved:  # its optimizer state stays behind: a new run gets a fresh one
+                locator.load_state_dict(saved["locator"])
         elif progress:
             print(f"testbed: patch reader starts fresh ({cfg.init} has no state.pt with an {cfg.aux_loss} reader)")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
@@ -744,7 +747,8 @@ def grow_target(src: str, out: str, text_layers: int = 0, vision_depth: int = 0,
     Why appended: the supervised reading and tracking layers keep their indices (``read_layers``) and the
     locator still reads layer 0. Why copies and not random weights: a zeroed output projection only passes
     gradient to what feeds it once it moves, and then a copy of a trained block is a better start than noise.
-    The patch reader of ``src`` (its ``state.pt``) is carried over, so ``train --init OUT`` keeps it.
+    The patch reader and locator of ``src`` (its ``state.pt``) are carried over, so ``train --init OUT`` keeps
+    them (no ``--probe-warmup`` needed).
 
     Example:
         >>> grow_target("vision/assets/testbed-vlm", "/tmp/grown", text_layers=8, vision_depth=6)  # doctest: +SKIP
@@ -795,8 +799,9 @@ def grow_target(src: str, out: str, text_layers: int = 0, vision_depth: int = 0,
     processor.save_pretrained(out)
     copy_training_files(src, out)
     state_path = os.path.join(src, "state.pt")
-    if os.path.isfile(state_path):  # the patch reader reads the merger's output, whose size does not change
-        torch.save({"reader": torch.load(state_path, weights_only=True)["reader"]}, os.path.join(out, "state.pt"))
+    if os.path.isfile(state_path):  # the probes read the merger's output and layer 0, whose sizes do not change
+        saved = torch.load(state_path, weights_only=True)
+        torch.save({k: saved[k] for k in ("reader", "locator") if k in saved}, os.path.join(out, "state.pt"))
     if progress:
         print(f"testbed: grew {src} to {text_layers} text layers ({n_text} before) and {vision_depth} vision blocks "
               f"({n_vis} before) in {out}")
