@@ -1,8 +1,9 @@
-"""mmspec.image_ar: the image world for autoregressive image generation (spatial 2-D drafting and relaxed
-acceptance come with the image issues).
+"""mmspec.image_ar: the image world for autoregressive image generation, with Speculative Jacobi Decoding
+(the ``sjd`` drafter, :mod:`mmspec.image_ar.sjd`) and relaxed acceptance rules (``lantern++``, ``csd``, ``gsd``,
+:mod:`mmspec.image_ar.relaxed`).
 
-Importing this package registers the ``images`` workload (:mod:`mmspec.image_ar.workload`) and
-:class:`ImageARPipeline` for the ``images`` task (so ``MMSpecPipeline.from_pretrained`` returns one for a folder
+Importing this package registers the ``images`` workload (:mod:`mmspec.image_ar.workload`), the ``sjd`` drafter,
+the relaxed rules and :class:`ImageARPipeline` for the ``images`` task (so ``MMSpecPipeline.from_pretrained`` returns one for a folder
 whose config says ``"mmspec_task": "images"``); the core imports it only lazily, through
 :mod:`mmspec.registry`.
 
@@ -15,13 +16,16 @@ Example:
     'images'
 """
 
-from mmspec.registry import register_pipeline
+from mmspec.registry import register_drafter, register_pipeline
 from mmspec.workloads import register_workload
 
+from . import relaxed  # noqa: F401  (registers the relaxed acceptance rules: lantern++, csd, gsd)
 from .generator import ImageARPipeline
+from .sjd import _sjd_factory
 from .workload import ImagesWorkload
 
 register_workload(ImagesWorkload)
 register_pipeline(ImageARPipeline.task, ImageARPipeline, model_types=ImageARPipeline.model_types)
+register_drafter("sjd", _sjd_factory)
 
 __all__ = ["ImagesWorkload", "ImageARPipeline"]

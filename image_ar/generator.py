@@ -40,7 +40,8 @@ from mmspec.pipelines import MMSpecPipeline
 
 from .vq import VQVAE, to_image, to_tensor
 
-__all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "SPECIAL_TOKENS",
+__all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "speculative_codes",
+           "SPECIAL_TOKENS",
            "DEFAULT_CFG_SCALE", "JANUS_CFG_SCALE", "bundled_generator", "export_generator"]
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<boi>", "<eoi>", "<unk>")
@@ -118,9 +119,11 @@ def _unconditional(ids: torch.Tensor, tok) -> torch.Tensor:
 
 @torch.no_grad()
 def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scale: float = DEFAULT_CFG_SCALE,
-                   temperature: float = 1.0, top_k: int | None = None, generator=None) -> torch.Tensor:
+                   temperature: float = 1.0, top_k: int | None = None, generator=None,
+                   do_sample: bool = True) -> torch.Tensor:
     """Sample ``n_codes`` image codes per row (raster order) with classifier-free guidance; ``[B, n_codes]``
-    code indices (``0..codebook_size-1``). ``cfg_scale <= 1`` runs the conditional rows only."""
+    code indices (``0..codebook_size-1``). ``cfg_scale <= 1`` runs the conditional rows only;
+    ``do_sample=False`` takes the guided argmax at every step (greedy)."""
     from transformers import DynamicCache
 
     offset = int(model.generation_config.image_code_offset)
@@ -141,9 +144,12 @@ def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scal
         if top_k:
             kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        dev = generator.device if generator is not None else probs.device
-        nxt = torch.multinomial(probs.to(dev), 1, generator=generator).squeeze(-1).to(input_ids.device)
+        if do_sample:
+            probs = torch.softmax(logits, dim=-1)
+            dev = generator.device if generator is not None else probs.device
+            nxt = torch.multinomial(probs.to(dev), 1, generator=generator).squeeze(-1).to(input_ids.device)
+        else:
+            nxt = logits.argmax(dim=-1)
         codes[:, i] = nxt
         step = (nxt + offset)[:, None]
         step = torch.cat([step, step]) if guided else step
@@ -151,6 +157,46 @@ def generate_codes(model, input_ids, attention_mask, tok, n_codes: int, cfg_scal
         pos = pos[:, -1:] + 1
         out = model(input_ids=step, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
     return codes
+
+
+@torch.no_grad()
+def speculative_codes(model, input_ids, attention_mask, tok, n_codes: int, drafter, rule=None,
+                      cfg_scale: float = DEFAULT_CFG_SCALE, temperature: float = 1.0, top_k: int | None = None,
+                      generator=None, do_sample: bool = True, codebook=None):
+    """:func:`generate_codes` through :func:`mmspec.generate` with ``drafter`` (``"sjd"``, a spec or a
+    :class:`~mmspec.drafters.Drafter`) and acceptance ``rule`` (``None``: the lossless rule of the mode; a name
+    such as ``"lantern++;lambda=2"``): ``(codes [B, n_codes], SpecStats)``.
+
+    The target's processed distribution is the one :func:`generate_codes` samples from: guidance
+    ``u + s (c - u)`` in a doubled batch (:class:`mmspec.target.Guidance`), then every non-code token suppressed,
+    then temperature and top-k; drafts and the residual see the same. Rules that read the VQ codebook (LANTERN++,
+    GSD's latent test) are given ``codebook`` (``[K, d]``, code ``i`` is token ``offset + i``).
+
+    Example:
+        >>> codes, stats = speculative_codes(model, ids, mask, tok, 256, "sjd", seed=0)   # doctest: +SKIP
+    """
+    from mmspec import generate
+    from mmspec.acceptance import get_rule
+    from mmspec.target import Guidance
+
+    offset = int(model.generation_config.image_code_offset)
+    guided = cfg_scale is not None and cfg_scale > 1.0
+    guidance = Guidance(float(cfg_scale), _unconditional(input_ids, tok)) if guided else None
+    try:
+        rule = get_rule(rule, do_sample)
+    except ValueError as e:  # an unknown rule or bad options
+        raise InvalidInputError(str(e)) from e
+    if not do_sample and rule.mode == "sample" and not rule.lossless:
+        raise InvalidInputError(f"acceptance rule {rule.name!r} is a relaxed sampling rule; use do_sample=True")
+    if hasattr(rule, "bind_codebook"):
+        if codebook is None:
+            raise InvalidInputError(f"acceptance rule {rule.name!r} reads the VQ codebook; this generator has none")
+        rule.bind_codebook(codebook, offset)
+    sampling = dict(temperature=float(temperature), top_k=top_k or None) if do_sample else {}
+    out = generate(model, {"input_ids": input_ids, "attention_mask": attention_mask}, drafter=drafter, rule=rule,
+                   guidance=guidance, generator=generator, do_sample=do_sample, max_new_tokens=n_codes,
+                   suppress_tokens=list(range(offset)), **sampling)
+    return out.sequences[:, input_ids.shape[1]:] - offset, out.stats
 
 
 class ImageARPipeline(MMSpecPipeline):
@@ -169,10 +215,26 @@ class ImageARPipeline(MMSpecPipeline):
     model_types = ()  # a llama code generator is recognised by its config's mmspec_task, not its model type
 
     def __init__(self, model, tokenizer, vq: VQVAE | None = None, grid: int | None = None,
-                 cfg_scale: float | None = None):
-        super().__init__(model, tokenizer, drafter=None)
+                 cfg_scale: float | None = None, drafter=None, rule=None):
+        backend = "janus" if model.config.model_type == "janus" else "llama"
+        if drafter is not None and backend == "janus":
+            raise InvalidInputError("speculation runs on the llama image generator; transformers' Janus image mode "
+                                    "has its own loop (load it without drafter=)")
+        if backend == "llama" and grid:  # what a Jacobi drafter's vertical-repeat initialisation reads
+            model.generation_config.image_grid = int(grid)
+        if rule is not None and not hasattr(rule, "accept"):
+            from mmspec.acceptance import get_rule
+
+            try:
+                get_rule(rule, do_sample=True)  # an unknown name or bad options: said before any work
+            except ValueError as e:
+                raise InvalidInputError(str(e)) from e
+        super().__init__(model, tokenizer, drafter=drafter)
         self.model, self.tokenizer, self.vq = model, tokenizer, vq
-        self.backend = "janus" if model.config.model_type == "janus" else "llama"
+        self.backend = backend
+        self.rule = rule
+        self.last_stats = None
+        self.last_codes = None
         self.grid = grid
         if cfg_scale is None and self.backend == "janus":  # its config's, else transformers' Janus default
             cfg_scale = getattr(model.generation_config, "guidance_scale", None) or JANUS_CFG_SCALE
@@ -192,18 +254,25 @@ class ImageARPipeline(MMSpecPipeline):
         """Load a generator saved by :meth:`save_pretrained`; ``dtype="auto"`` runs it in the dtype its weights
         are stored in (bf16 for the bundled one; the VQ decoder stays float32), or a dtype name.
 
+        ``drafter`` (llama backend): a drafter spec (``"sjd"``, ``"sjd;draft_len=8;init=random"``) for speculative
+        decoding through :func:`mmspec.generate`; ``rule=`` an acceptance rule name (default: the lossless rule of
+        the mode; ``"lantern++;lambda=2"``, ``"csd"``, ``"gsd"`` are relaxed and labelled lossy in
+        :attr:`last_stats`).
+
         Example:
             >>> ImageARPipeline.from_pretrained(GENERATOR_DIR).model.dtype          # doctest: +SKIP
             torch.bfloat16
+            >>> pipe = ImageARPipeline.from_pretrained(GENERATOR_DIR, drafter="sjd")           # doctest: +SKIP
+            >>> img = pipe("a small red circle in the center on a white background", seed=0)  # doctest: +SKIP
+            >>> pipe.last_stats.lossless, pipe.last_stats.target_forwards < 256                # doctest: +SKIP
+            (True, True)
         """
         from mmspec.checkpoints import resolve_dtype
         from mmspec.checks import check_device_map, check_local_folder
 
         path = check_local_folder(path, "image generator folder")  # said at once, not tried as a hub id
-        if drafter is not None:
-            raise InvalidInputError("the image pipeline has no speculative drafter yet (spatial drafting comes with "
-                                    "the image issues); load it without drafter=")
         kw.pop("trust_remote_code", None)  # both backends are transformers' own classes
+        rule = kw.pop("rule", None)
         if kw:
             raise InvalidInputError(f"the image pipeline takes no further loading arguments (got {sorted(kw)})")
         check_device_map(device_map)
@@ -218,7 +287,7 @@ class ImageARPipeline(MMSpecPipeline):
             raise InvalidInputError(f"{path} is not an image generator folder (neither a Janus model nor a llama "
                                     f"code generator with {GEN_CONFIG} and its vq/)")
         dtype = resolve_dtype(dtype, path)
-        pipe = cls._load(path, dtype)
+        pipe = cls._load(path, dtype, drafter, rule)
         if device_map is not None:
             pipe.model.to(torch.device(device_map))
             if pipe.vq is not None:
@@ -226,7 +295,7 @@ class ImageARPipeline(MMSpecPipeline):
         return pipe
 
     @classmethod
-    def _load(cls, path: str, dtype) -> "ImageARPipeline":
+    def _load(cls, path: str, dtype, drafter=None, rule=None) -> "ImageARPipeline":
         from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration, LlamaForCausalLM
 
         config = AutoConfig.from_pretrained(path)
@@ -236,13 +305,13 @@ class ImageARPipeline(MMSpecPipeline):
             gc = model.generation_config
             if not getattr(gc, "generation_kwargs", None):  # its image loop reads <boi> from here
                 gc.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
-            return cls(model, tok)
+            return cls(model, tok, drafter=drafter, rule=rule)
         with open(os.path.join(path, GEN_CONFIG)) as f:
             extra = json.load(f)
         model = LlamaForCausalLM.from_pretrained(path, dtype=dtype).eval()
         model.generation_config.image_code_offset = extra["image_code_offset"]
         return cls(model, tok, VQVAE.from_pretrained(os.path.join(path, "vq")), grid=extra["grid"],
-                   cfg_scale=extra.get("cfg_scale"))
+                   cfg_scale=extra.get("cfg_scale"), drafter=drafter, rule=rule)
 
     def save_pretrained(self, path: str, dtype=None) -> None:
         """Model, tokenizer (and for the llama backend the VQ-VAE and the grid); ``dtype`` stores the weights
@@ -270,9 +339,12 @@ class ImageARPipeline(MMSpecPipeline):
 
     @torch.no_grad()
     def __call__(self, prompt, seed: int = 0, cfg_scale: float | None = None, temperature: float = 1.0,
-                 top_k: int | None = None):
+                 top_k: int | None = None, do_sample: bool = True):
         """One image per prompt (a list gives a list, generated as one batch); ``cfg_scale=None`` uses the
-        model's own :attr:`cfg_scale`; ``seed=None`` draws a fresh random seed (a different picture each call).
+        model's own :attr:`cfg_scale`; ``seed=None`` draws a fresh random seed (a different picture each call);
+        ``do_sample=False`` decodes greedily (the guided argmax; llama backend). With a :attr:`drafter` the codes
+        come from :func:`speculative_codes` and :attr:`last_stats` holds the run's ``SpecStats`` (``lossless``
+        says whether the rule keeps the target's law).
 
         Raises:
             InvalidInputError: an empty or non-string prompt, an empty list, a seed that is not an integer,
@@ -293,6 +365,8 @@ class ImageARPipeline(MMSpecPipeline):
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0):
             raise InvalidInputError(f"top_k must be None, 0 (no top-k filtering) or a positive integer (got {top_k!r})")
         top_k = (int(top_k) or None) if top_k is not None else None
+        if not isinstance(do_sample, bool):
+            raise InvalidInputError(f"do_sample must be True or False (got {do_sample!r})")
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little") >> 1  # fresh, and independent of the global RNG
         elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -302,7 +376,10 @@ class ImageARPipeline(MMSpecPipeline):
         ids, mask = _request_ids(self.tokenizer, prompts)
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         t0 = time.perf_counter()
+        self.last_stats = None
         if self.backend == "janus":
+            if not do_sample:
+                raise InvalidInputError("transformers' Janus image mode always samples: do_sample must be True")
             torch.manual_seed(seed)  # Janus's loop samples with the global generator
             if not cfg_scale > 1.0:
                 # Its image loop always runs the doubled (conditional + unconditional) batch and halves it in
@@ -313,13 +390,23 @@ class ImageARPipeline(MMSpecPipeline):
                                         guidance_scale=cfg_scale, temperature=temperature, top_k=top_k)
             t1 = time.perf_counter()
             pixels = self.model.decode_image_tokens(codes).permute(0, 3, 1, 2)
-        else:
-            codes = generate_codes(self.model, ids, mask, self.tokenizer, self.grid * self.grid, cfg_scale,
-                                   temperature, top_k, gen)
+        elif self.drafter is not None:
+            codes, self.last_stats = speculative_codes(
+                self.model, ids, mask, self.tokenizer, self.grid * self.grid, self.drafter, self.rule, cfg_scale,
+                temperature, top_k, gen, do_sample, codebook=self.vq.codebook)
             t1 = time.perf_counter()
             pixels = self.vq.decode(codes.view(-1, self.grid, self.grid))
+        else:
+            codes = generate_codes(self.model, ids, mask, self.tokenizer, self.grid * self.grid, cfg_scale,
+                                   temperature, top_k, gen, do_sample)
+            t1 = time.perf_counter()
+            pixels = self.vq.decode(codes.view(-1, self.grid, self.grid))
+        self.last_codes = codes
         self.last_timings_ms = {"generate": (t1 - t0) * 1e3, "decode": (time.perf_counter() - t1) * 1e3,
-                                "tokens": int(codes.shape[1])}
+                                "tokens": int(codes.shape[1]),
+                                # target passes: one per code for plain AR (the prefill draws the first)
+                                "target_forwards": (self.last_stats.target_forwards if self.last_stats is not None
+                                                    else int(codes.shape[1]))}
         images = [to_image(p) for p in pixels]
         return images[0] if isinstance(prompt, str) else images
 

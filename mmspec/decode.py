@@ -207,6 +207,7 @@ def generate(
     stop_strings=None,
     budget: DepthBudget | None = None,
     record_entropy: bool = False,
+    guidance=None,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative decoding with ``drafter`` on ``model``; same output as ``model.generate``.
@@ -234,6 +235,8 @@ def generate(
             expected tokens per unit of measured verify time (reuse one instance across calls).
         record_entropy: keep, per row-round, the target's next-token entropy at the root beside the tokens
             committed (``stats.entropy_trace``, fitted by :meth:`SpecStats.draftability`); off by default.
+        guidance: a :class:`~mmspec.target.Guidance` (classifier-free guidance: the unconditional rows run in
+            the same passes, the logits every processor and rule sees are ``u + s (c - u)``).
 
     Returns:
         :class:`GenerateOutput` with ``sequences`` (prompt + generated, rows padded with the pad token after
@@ -273,7 +276,8 @@ def generate(
                       drafter=getattr(drafter, "kind", ""))
     if drafter is not None:
         drafter.bind(model)
-    adapter = TargetAdapter(model, hidden_layers=getattr(drafter, "hidden_layers", ()) if drafter else ())
+    adapter = TargetAdapter(model, hidden_layers=getattr(drafter, "hidden_layers", ()) if drafter else (),
+                            guidance=guidance)
 
     # ---------------------------------------------------------------- prefill + first token
     t0 = time.perf_counter()
@@ -393,7 +397,8 @@ def generate(
         adapter.commit(state, paths, torch.tensor(nexts, dtype=torch.long),
                        keep_rows=keep if len(keep) < len(active) else None)
         t4 = time.perf_counter()
-        result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished, committed=committed)
+        result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished, committed=committed,
+                             scores=row_scores)
         prev_ctx = ctx
         active = [active[i] for i in keep]
         hs = out.hidden_states

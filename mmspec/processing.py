@@ -34,7 +34,7 @@ __all__ = ["TreeLogitsProcessor"]
 _SCORES_ONLY = {
     "TemperatureLogitsWarper", "TopPLogitsWarper", "TopKLogitsWarper", "TopHLogitsWarper", "MinPLogitsWarper",
     "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "InfNanRemoveLogitsProcessor",
-    "LogitNormalization",
+    "LogitNormalization", "SuppressTokensLogitsProcessor",
 }
 # Output for a row depends only on that row's input_ids and scores.
 _ROW_FREE = _SCORES_ONLY | {

@@ -12,6 +12,10 @@ row's committed slots, the root and its own ancestors) and explicit per-node pos
 :class:`~mmspec.positions.StreamPositions` adapter, so the model's own mask and position logic is never
 asked to guess.
 
+With :class:`Guidance` (classifier-free guidance, as image-AR models run it) the model's batch is doubled:
+row ``r`` and its unconditional twin ``B + r`` share the mask, positions, drafts and accepted paths, so the
+cache holds ``2B`` rows that every gather moves together, and the logits returned are ``u + s (c - u)``.
+
 Example:
     >>> adapter = TargetAdapter(model)                          # doctest: +SKIP
     >>> state, logits, _ = adapter.prefill(processor_outputs)   # doctest: +SKIP
@@ -29,10 +33,39 @@ from .kernels.hf import TREE_ATTENTION, TREE_KWARG, TreeMetadata
 from .positions import StreamPositions, prefill_position_ids
 from .tree import DraftTree
 
-__all__ = ["TargetAdapter", "TargetState", "ScoreOutput", "PackedTrees", "pack_trees"]
+__all__ = ["TargetAdapter", "TargetState", "ScoreOutput", "PackedTrees", "pack_trees", "Guidance"]
 
 # Per-token type inputs that generate keeps extending while decoding.
 _TYPE_ID_KEYS = ("token_type_ids", "mm_token_type_ids")
+
+
+@dataclass
+class Guidance:
+    """Classifier-free guidance for the target: ``logits = u + scale * (c - u)``.
+
+    ``uncond_input_ids`` (``[B, L]``, the prompt's shape) are the unconditional rows, run in the same pass as
+    the conditional ones (a doubled batch, as Janus and LlamaGen do); they share the prompt's attention mask
+    and positions, and every generated token. Only ``input_ids`` / ``attention_mask`` inputs (a text prompt).
+
+    Example:
+        >>> g = Guidance(1.5, torch.zeros(2, 3, dtype=torch.long))
+        >>> g.combine(torch.tensor([[2.0], [4.0], [0.0], [2.0]])).flatten().tolist()
+        [3.0, 5.0]
+    """
+
+    scale: float
+    uncond_input_ids: torch.Tensor
+
+    def combine(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[2B, ...]`` logits (conditional rows first) -> guided ``[B, ...]``."""
+        b = logits.shape[0] // 2
+        cond, unc = logits[:b], logits[b:]
+        return unc + self.scale * (cond - unc)
+
+
+def _twice(t: torch.Tensor | None, copies: int) -> torch.Tensor | None:
+    """``t`` stacked ``copies`` times along the batch (the conditional rows, then their unconditional twins)."""
+    return t if t is None or copies == 1 else torch.cat([t] * copies)
 
 
 @dataclass
@@ -168,9 +201,11 @@ class TargetAdapter:
             ``...ForConditionalGeneration``), as returned by ``from_pretrained``.
         hidden_layers: indices into the model's ``hidden_states`` output (0 = embeddings, ``-1`` = last
             layer) that drafters read; returned from the same pass that scores the tree.
+        guidance: optional :class:`Guidance` (classifier-free guidance in a doubled batch); hidden states
+            are then the conditional rows'.
     """
 
-    def __init__(self, model, hidden_layers: tuple = ()):
+    def __init__(self, model, hidden_layers: tuple = (), guidance: Guidance | None = None):
         if not hasattr(model, "generate") or not hasattr(model, "_prepare_position_ids_for_generation"):
             raise UnsupportedModelError(
                 f"{type(model).__name__} is not a generating transformers model; mmspec drives decoder-only "
@@ -184,6 +219,8 @@ class TargetAdapter:
         self.model = model
         self.hidden_layers = tuple(hidden_layers)
         self.device = model.device
+        self.guidance = guidance
+        self._copies = 2 if guidance is not None else 1  # cache rows per logical row
         impl = model.config.get_text_config(decoder=True)._attn_implementation
         if impl not in ("eager", "sdpa", TREE_ATTENTION):
             raise UnsupportedModelError(
@@ -219,8 +256,18 @@ class TargetAdapter:
         cache = DynamicCache(config=model.config)
         if "logits_to_keep" not in kwargs and model._supports_logits_to_keep():
             kwargs["logits_to_keep"] = 1  # as generate: the prompt's other logits are never read
+        run_ids = input_ids
+        if self.guidance is not None:
+            other = sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor)
+                           and k not in ("attention_mask", "position_ids"))
+            if other or self.guidance.uncond_input_ids.shape != input_ids.shape:
+                raise UnsupportedModelError(f"guidance takes a text prompt (input_ids, attention_mask) and "
+                                            f"unconditional rows of its shape (got inputs {other})")
+            run_ids = torch.cat([input_ids, self.guidance.uncond_input_ids.to(input_ids.device)])
+            kwargs["attention_mask"] = _twice(attention_mask, 2)
+            kwargs["position_ids"] = _twice(position_ids, 2)
         inputs = model.prepare_inputs_for_generation(
-            input_ids, cache=cache, use_cache=True, is_first_iteration=True, **kwargs
+            run_ids, cache=cache, use_cache=True, is_first_iteration=True, **kwargs
         )
         out = model(**inputs, return_dict=True, output_hidden_states=bool(self.hidden_layers))
         cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
@@ -230,11 +277,15 @@ class TargetAdapter:
             valid=attention_mask.bool().to(self.device),
             # The positions the model actually received: prepare_inputs_for_generation may shift them
             # (PaliGemma's are 1-indexed), and generate applies the same shift at every step.
-            positions=StreamPositions(inputs.get("position_ids", position_ids)),
+            positions=StreamPositions(inputs.get("position_ids", position_ids)[..., : input_ids.shape[0], :]),
             pending=torch.zeros(input_ids.shape[0], dtype=torch.long, device=self.device),
             new_type_ids=self._new_token_type_ids(kwargs),
         )
-        return state, out.logits[:, -1].float(), self._pick_hidden(out)
+        return state, self._logits(out.logits[:, -1]), self._pick_hidden(out)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        return logits if self.guidance is None else self.guidance.combine(logits)
 
     def _new_token_type_ids(self, kwargs: dict) -> dict:
         """The type id ``generate`` gives each new token, per row, asked of the model's own update rule."""
@@ -259,7 +310,8 @@ class TargetAdapter:
         if not self.hidden_layers:
             return {}
         hs = out.hidden_states
-        return {layer: hs[layer] for layer in self.hidden_layers}
+        b = hs[0].shape[0] // self._copies  # the conditional rows under guidance
+        return {layer: hs[layer][:b] for layer in self.hidden_layers}
 
     # ------------------------------------------------------------------ score
     @torch.no_grad()
@@ -275,9 +327,11 @@ class TargetAdapter:
         q = offsets.shape[1]
         input_ids = torch.cat([state.pending[:, None], packed.tokens.to(dev)], dim=1)
         kwargs = {k: v.expand(b, q) for k, v in state.new_type_ids.items()}
+        c = self._copies
         if self._tree_kernel:
-            kwargs[TREE_KWARG] = TreeMetadata(state.valid, packed.parents.to(dev), packed.max_depth)
-            mask = state.valid[:, None, None, :]  # 4-D, so transformers passes it through and builds no mask
+            kwargs[TREE_KWARG] = TreeMetadata(_twice(state.valid, c), _twice(packed.parents.to(dev), c),
+                                              packed.max_depth)
+            mask = _twice(state.valid, c)[:, None, None, :]  # 4-D: transformers passes it through, builds no mask
         else:
             full = torch.cat([state.valid[:, None, :].expand(b, q, -1), packed.tree_mask.to(dev)], dim=2)[:, None]
             if self._bool_mask:
@@ -285,17 +339,20 @@ class TargetAdapter:
             else:
                 dtype = self.model.dtype
                 mask = torch.zeros(full.shape, dtype=dtype, device=dev).masked_fill_(~full, torch.finfo(dtype).min)
+            mask = _twice(mask, c)
+        positions = state.positions.for_offsets(offsets.to(dev))
         out = self.model(
-            input_ids=input_ids,
+            input_ids=_twice(input_ids, c),
             attention_mask=mask,
-            position_ids=state.positions.for_offsets(offsets.to(dev)),
+            position_ids=positions if c == 1 else torch.cat([positions] * c, dim=-2),
             cache=state.cache,
             use_cache=True,
             return_dict=True,
             output_hidden_states=bool(self.hidden_layers),
-            **kwargs,
+            **{k: _twice(v, c) for k, v in kwargs.items() if k != TREE_KWARG},
+            **{k: v for k, v in kwargs.items() if k == TREE_KWARG},
         )
-        return ScoreOutput(out.logits.float(), self._pick_hidden(out)), packed
+        return ScoreOutput(self._logits(out.logits), self._pick_hidden(out)), packed
 
     # ------------------------------------------------------------------ commit
     @torch.no_grad()
@@ -317,7 +374,7 @@ class TargetAdapter:
             k = lengths.pop()
             tail = torch.tensor([[0] + [1 + i for i in p] for p in paths], dtype=torch.long, device=dev)
             if not torch.equal(tail, torch.arange(k, device=dev).expand(b, k)):
-                gathers = _PerDevice(tail[:, None, :, None])
+                gathers = _PerDevice(_twice(tail, self._copies)[:, None, :, None])
                 for layer in state.cache.layers:
                     for name in ("keys", "values"):
                         t = getattr(layer, name)
@@ -334,7 +391,7 @@ class TargetAdapter:
                 tail = torch.tensor([0] + [1 + i for i in paths[r]], dtype=torch.long, device=dev) + old_len
                 kept.append(torch.cat([old, tail]))
             row_idx = torch.as_tensor(list(rows), dtype=torch.long, device=dev) if keep_rows is not None else None
-            _regather(state, kept, row_idx)
+            _regather(state, kept, row_idx, self._copies)
         counts = torch.tensor([1 + len(paths[r]) for r in range(b)], dtype=torch.long, device=dev)
         state.positions.advance(counts)
         state.pending = next_tokens.to(dev)
@@ -348,7 +405,8 @@ class TargetAdapter:
     def select_rows(self, state: TargetState, keep: list[int]) -> None:
         """Keep only batch rows ``keep`` (rows that finished leave the batch)."""
         rows = torch.tensor(keep, dtype=torch.long, device=state.valid.device)
-        per_device = _PerDevice(rows)
+        b = state.valid.shape[0]
+        per_device = _PerDevice(torch.cat([rows + i * b for i in range(self._copies)]))
         for layer in state.cache.layers:
             layer.keys = layer.keys.index_select(0, per_device[layer.keys])
             layer.values = layer.values.index_select(0, per_device[layer.values])
@@ -367,15 +425,17 @@ class TargetAdapter:
         for r, k in enumerate(drop):
             idx = torch.nonzero(state.valid[r], as_tuple=False).flatten()
             kept.append(idx[: len(idx) - k] if k else idx)
-        _regather(state, kept)
+        _regather(state, kept, copies=self._copies)
         state.positions.advance(-torch.as_tensor(drop, dtype=torch.long, device=dev))
 
 
-def _regather(state: TargetState, kept: list, rows: torch.Tensor | None = None) -> None:
+def _regather(state: TargetState, kept: list, rows: torch.Tensor | None = None, copies: int = 1) -> None:
     """Rebuild the cache from per-row slot lists ``kept`` (right-aligned, left-padded) in one gather per layer.
 
-    ``rows`` optionally selects the batch rows first (``kept[i]`` then refers to row ``rows[i]``).
+    ``rows`` optionally selects the batch rows first (``kept[i]`` then refers to row ``rows[i]``); ``copies``: cache
+    rows per logical row (2 under guidance: row ``r``'s twin ``B + r`` is moved the same way).
     """
+    old_b = state.valid.shape[0]
     dev = state.valid.device
     new_len = max((len(k) for k in kept), default=0)
     idx = torch.zeros(len(kept), new_len, dtype=torch.long, device=dev)
@@ -383,6 +443,10 @@ def _regather(state: TargetState, kept: list, rows: torch.Tensor | None = None) 
     for i, k in enumerate(kept):
         idx[i, new_len - len(k):] = k
         valid[i, new_len - len(k):] = True
+    if copies > 1:
+        idx = _twice(idx, copies)
+        if rows is not None:
+            rows = torch.cat([rows + i * old_b for i in range(copies)])
     gathers, row_sel = _PerDevice(idx), _PerDevice(rows)
     for layer in state.cache.layers:
         # Keys and values of a layer in one gather (one Triton launch on CUDA, index_select + take_along_dim

@@ -64,6 +64,9 @@ class RoundResult:
         finished: per row, whether it stopped this round (eos, max tokens, stop string).
         committed: per row, the tokens it actually kept this round (the path's tokens and the next token,
             cut after a stop).
+        scores: the target's processed scores of the pass, per row ``[len(tree) + 1, V]`` (``scores[0]``
+            after the root, ``scores[i + 1]`` after node ``i``: what the acceptance rule saw); Jacobi drafting
+            samples its next draft from them.
     """
 
     trees: list
@@ -71,6 +74,7 @@ class RoundResult:
     next_tokens: list
     finished: list
     committed: list
+    scores: object = None
 
 
 class Drafter:
