@@ -71,6 +71,32 @@ class AcceptanceRule:
         return [self.accept(t, scores[i][: len(t) + 1], generator) for i, t in enumerate(trees)]
 
 
+def _fused(scores, trees) -> bool:
+    """Whether a batch's walk runs as one fused kernel launch (:mod:`mmspec.kernels.acceptance`): ``scores`` a
+    ``[B, Q, V]`` tensor on a device whose kernel backend is Triton (CUDA by default; ``MMSPEC_KERNELS``
+    forces either), one query row per node. Elsewhere the plain walk below runs, the kernels' own reference."""
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 3 or not trees:
+        return False
+    from .kernels.dispatch import backend
+
+    return backend(scores.device) == "triton" and scores.shape[1] >= 1 + max(len(t) for t in trees)
+
+
+def _packed(trees, device) -> tuple:
+    """``tokens[B, N], parents[B, 1 + N], n_nodes[B]`` of ``trees`` on ``device`` (the verify pass's layout)."""
+    from .target import pack_trees
+
+    packed = pack_trees(trees)
+    return packed.tokens.to(device), packed.parents.to(device), packed.n_nodes.to(device)
+
+
+def _results(out) -> list:
+    """A fused kernel's :class:`~mmspec.kernels.acceptance.AcceptOutput` -> one :class:`AcceptResult` per row
+    (one device-to-host copy for the batch)."""
+    lengths, path, committed = (t.tolist() for t in (out.lengths, out.path, out.committed))
+    return [AcceptResult(path[r][:k], int(committed[r][k])) for r, k in enumerate(lengths)]
+
+
 class GreedyRule(AcceptanceRule):
     """Exact match to the target's argmax, for chains and trees (first matching child wins)."""
 
@@ -82,6 +108,12 @@ class GreedyRule(AcceptanceRule):
         return self._walk(tree, scores.argmax(dim=-1).tolist())
 
     def accept_batch(self, trees, scores, generator=None):
+        if _fused(scores, trees):
+            from .kernels.acceptance import greedy_accept
+
+            tokens, parents, n_nodes = _packed(trees, scores.device)
+            ids = scores[:, : tokens.shape[1] + 1].argmax(dim=-1)
+            return _results(greedy_accept(tokens, parents, n_nodes, ids))
         if isinstance(scores, torch.Tensor):  # one argmax and one device sync for the whole batch
             best = scores.argmax(dim=-1).tolist()
             return [self._walk(t, best[i]) for i, t in enumerate(trees)]
@@ -108,6 +140,27 @@ class SpeculativeSamplingRule(AcceptanceRule):
     name = "speculative_sampling"
     lossless = True
     mode = "sample"
+
+    def accept_batch(self, trees, scores, generator=None):
+        """As :meth:`accept` per row; on a fused-kernel device (see :func:`_fused`) one launch for the batch,
+        with its draws made beforehand from ``generator`` (a uniform per node, an exponential race for the
+        next token): the same law, other draws than the per-row walk makes from the same seed."""
+        if not _fused(scores, trees) or (generator is not None and generator.device != scores.device):
+            return super().accept_batch(trees, scores, generator)
+        from .kernels.acceptance import draw_randomness, sampling_accept
+
+        tokens, parents, n_nodes = _packed(trees, scores.device)
+        b, n = tokens.shape
+        probs = torch.softmax(scores[:, : n + 1].float(), dim=-1)
+        v = probs.shape[-1]
+        draft = None
+        if any(t.draft_probs is not None for t in trees):  # a row without them proposes deterministically: q = 0
+            draft = torch.zeros(b, n, v, device=scores.device)
+            for r, t in enumerate(trees):
+                if t.draft_probs is not None and len(t):
+                    draft[r, : len(t)] = t.draft_probs.to(scores.device, torch.float32)
+        uniforms, exponentials = draw_randomness(b, n, v, generator, scores.device)
+        return _results(sampling_accept(tokens, parents, n_nodes, probs, uniforms, exponentials, draft))
 
     def accept(self, tree, scores, generator=None):
         if generator is not None and generator.device != scores.device:

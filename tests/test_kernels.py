@@ -455,3 +455,62 @@ def test_kernels_compile_for_cuda_without_a_gpu():
         types = [f"*{dt}"] * 4 + ["*i8", "*i32"] + ["i32"] * 21 + ["fp32"]
         _compile_for_cuda(att._tree_attention, types, {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 64 if d == 64 else 32,
                                                        "PRECISION": precision})
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_core_rules_run_the_fused_kernels_where_triton_is_the_backend(interpret, monkeypatch, with_q):
+    """On a Triton device the core's GreedyRule and SpeculativeSamplingRule walk the whole batch in one kernel
+    launch each: greedy gives exactly the per-row walk's results; sampling gives what the kernel reference gives
+    for the draws made from the same generator (the kernels' own tests tie that reference to the core rule's
+    law). Rows without draft probabilities propose deterministically beside rows with them."""
+    from mmspec import acceptance
+    from mmspec.kernels import acceptance as kacc
+
+    calls = []
+    for name in ("greedy_accept", "sampling_accept"):
+        real = getattr(kacc, name)
+        monkeypatch.setattr(kacc, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    sizes = [9, 0, 14, 5, 3]
+    trees, packed, probs, draft = _sampling_case(4, sizes, vocab=6, with_q=with_q)
+    if with_q:
+        trees = [DraftTree(t.tokens, t.parents, draft[r, : len(t)]) if r else t for r, t in enumerate(trees)]
+    scores = probs.log()
+    fused = acceptance.GreedyRule().accept_batch(trees, scores)
+    with dispatch.using("reference"):
+        plain = acceptance.GreedyRule().accept_batch(trees, scores)
+    assert fused == plain and calls == ["greedy_accept"]
+    got = acceptance.SpeculativeSamplingRule().accept_batch(trees, scores, torch.Generator().manual_seed(7))
+    assert calls == ["greedy_accept", "sampling_accept"]
+    b, n = packed.tokens.shape
+    u, e = kacc.draw_randomness(b, n, 6, torch.Generator().manual_seed(7))
+    q = None if not with_q else torch.cat([torch.zeros(1, n, 6), draft[1:]])
+    want = kacc.sampling_accept_reference(packed.tokens, packed.parents, packed.n_nodes, probs, u, e, q)
+    assert [r.path for r in got] == [want.path[r, : int(k)].tolist() for r, k in enumerate(want.lengths)]
+    assert [r.next_token for r in got] == want.next_tokens.tolist()
+    assert max(len(r.path) for r in got) >= 2
+
+
+def test_sampling_generate_through_the_fused_rule(monkeypatch):
+    """mmspec.generate sampling on a tiny Qwen2 with the kernels forced on (interpreter): every round's
+    acceptance (and the first token's) is one fused launch and the output is a valid sample (prompt kept, tokens in the vocabulary);
+    greedy generation with the fused greedy walk equals generate."""
+    from mmspec.drafters import NoisyOracleDrafter
+    from mmspec.kernels import acceptance as kacc
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dispatch, "_override", ["triton"])
+    calls = []
+    real = kacc.sampling_accept
+    monkeypatch.setattr(kacc, "sampling_accept", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = _tiny_qwen2("sdpa")
+    inputs = left_pad([[1, 5, 9, 4, 7, 3, 5, 9], [1, 8, 8, 6]])
+    ref = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=PAD, eos_token_id=None)
+    oracle = ref[:, inputs["input_ids"].shape[1]:]
+    out = mmspec.generate(model, inputs, drafter=NoisyOracleDrafter(oracle, depth=3, corrupt_p=0.3, vocab_size=96),
+                          max_new_tokens=8, pad_token_id=PAD, eos_token_id=None)
+    assert torch.equal(out.sequences, ref)
+    out = mmspec.generate(model, inputs, drafter=NoisyOracleDrafter(oracle, depth=3, corrupt_p=0.3, vocab_size=96),
+                          max_new_tokens=8, do_sample=True, seed=0, pad_token_id=PAD, eos_token_id=None)
+    assert out.stats.rounds and len(calls) == out.stats.rounds + 1  # the first token is an empty tree's walk
+    assert torch.equal(out.sequences[:, : inputs["input_ids"].shape[1]], inputs["input_ids"])
+    assert int(out.sequences.max()) < model.config.vocab_size
