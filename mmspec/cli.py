@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-ttt", action="store_true", help="no training-time test (one unroll step)")
     t.add_argument("--ttt-steps", type=int, default=None,
                    help="training-time-test unroll depth (default: the draft depth, --num-draft-tokens)")
-    t.add_argument("--num-draft-tokens", type=int, default=4, help="chain depth saved with the drafter")
+    t.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="chain depth saved with the drafter (default: the kind's; 4, fastmtp 3)")
     t.add_argument("--options", type=_json_object, default=None, metavar="JSON",
                    help="the kind's own settings as a JSON object, e.g. '{\"num_anchors\": 16}' for glance")
     t.add_argument("--out", required=True, help="output folder")

@@ -115,7 +115,8 @@ class TrainConfig:
             depths 4-5 on the testbed, against 0.46 / 0.38 when unrolled 4).
         save_every: checkpoint period in steps (0: only the final save).
         shard_size: records per data shard.
-        num_draft_tokens: chain depth saved with the drafter.
+        num_draft_tokens: chain depth saved with the drafter (``None``: the kind's
+            :attr:`Trainer.default_num_draft_tokens`: 4, FastMTP's K = 3).
         resume: continue from the latest checkpoint in ``out``.
         val_shards: data shards held out of training (the last ones of ``data/index.json``); at every checkpoint
             and at the end the drafter's loss and top-1 per unrolled step on them go to ``val_log.jsonl``: the
@@ -151,7 +152,7 @@ class TrainConfig:
     ttt_steps: int | None = None
     save_every: int = 100
     shard_size: int = 16
-    num_draft_tokens: int = 4
+    num_draft_tokens: int | None = None
     resume: bool = False
     val_shards: int = 0
     seed: int = 0
@@ -203,6 +204,8 @@ class TrainConfig:
             raise InvalidInputError(f"unknown workload(s) {bad}; known: {', '.join(known)}")
         if self.split not in SPLITS:
             raise InvalidInputError(f"unknown split {self.split!r}; use one of {SPLITS}")
+        if self.num_draft_tokens is None:
+            self.num_draft_tokens = int(trainer.default_num_draft_tokens)
         for name in ("n_train", "max_new_tokens", "steps", "batch_size", "shard_size", "ttt_steps",
                      "num_draft_tokens"):
             v = getattr(self, name)
@@ -267,6 +270,8 @@ class Trainer:
 
     kind = "base"
     drafter_cls = None
+    default_num_draft_tokens = 4
+    """The draft depth a run of this kind trains for when ``--num-draft-tokens`` is not given."""
 
     def check_config(self, cfg: TrainConfig) -> None:
         pass
@@ -294,6 +299,9 @@ class Trainer:
     def loss_module(self, drafter, cfg: TrainConfig) -> torch.nn.Module:
         raise NotImplementedError  # abstract
 
+    #: other kinds whose data this kind trains on (their records carry everything this kind's records do)
+    data_from: tuple = ()
+
     def initial_drafter(self, drafter, cfg: TrainConfig):
         """The drafter stage 2 starts from, given the one the data stage saved (``data/drafter-init``): kinds
         whose ``--options`` shape the drafter (GLANCE's ``num_layers``...) rebuild it when the options of this
@@ -305,6 +313,9 @@ class EagleTrainer(Trainer):
     """The EAGLE-3-style feature drafter (:mod:`mmspec.drafters.eagle`): three target layers, concatenated."""
 
     kind = "eagle"
+    # GLANCE's and TIGER's records are EAGLE's (target_record) plus positions (and routing / teacher fields):
+    # one data stage on a target can serve the block heads and the EAGLE baseline they are compared with.
+    data_from = ("glance", "tiger")
 
     @property
     def drafter_cls(self):
@@ -639,12 +650,22 @@ def fit(cfg: TrainConfig, accelerator=None):
         raise InvalidInputError(f"no training data at {data_dir}: run stage 1 (collect_data) first")
     with open(index_path) as f:
         index = json.load(f)
-    if index.get("kind") != cfg.kind:
-        raise InvalidInputError(f"the data at {data_dir} was collected for {index.get('kind')!r}, not {cfg.kind!r}")
+    foreign = index.get("kind") != cfg.kind
+    if foreign and index.get("kind") not in trainer.data_from:
+        readable = ", ".join(repr(k) for k in (cfg.kind, *trainer.data_from))
+        raise InvalidInputError(f"the data at {data_dir} was collected for {index.get('kind')!r}; {cfg.kind} trains "
+                                f"on data of {readable}")
     if cfg.layer_ids is not None and list(cfg.layer_ids) != index.get("layer_ids"):
         raise InvalidInputError(f"the data at {data_dir} holds layers {index.get('layer_ids')}, "
                                 f"not the requested {list(cfg.layer_ids)}")
-    drafter = trainer.drafter_cls.from_pretrained(os.path.join(data_dir, INIT_DIR))
+    if foreign:  # the saved initial drafter is the other kind's: build this kind's from the target, on its layers
+        cfg.layer_ids = tuple(index["layer_ids"])
+        trainer.check_config(cfg)
+        pipe = _load_target(cfg, "cpu")
+        drafter = trainer.build_drafter(cfg, pipe.model, pipe.tokenizer)
+        del pipe
+    else:
+        drafter = trainer.drafter_cls.from_pretrained(os.path.join(data_dir, INIT_DIR))
     if cfg.init_drafter:
         start_from = trainer.drafter_cls.from_pretrained(cfg.init_drafter)
         if start_from.fingerprint != drafter.fingerprint:

@@ -21,6 +21,7 @@ _register_drafter("eagle", _eagle_spec_factory)
 from .auto import auto_factory as _auto_factory  # noqa: E402
 
 _register_drafter("auto", _auto_factory)  # the saved drafter with the best validation tau (mmspec.drafters.auto)
+from . import fastmtp as _fastmtp  # noqa: E402,F401  registers the fastmtp drafter and trainer
 
 __all__ = ["Drafter", "DraftContext", "RoundResult", "PromptLookupDrafter", "DraftModelDrafter", "NoisyOracleDrafter",
            "TrainableDrafter", "target_fingerprint", "EagleDrafter", "train_eagle", "UnionDrafter"]

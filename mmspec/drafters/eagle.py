@@ -174,6 +174,10 @@ class EagleDrafter(TrainableDrafter):
 
     kind = "eagle"
 
+    num_read_layers = 3
+    """How many target layers the head reads (a subclass that reads another number overrides this and
+    :meth:`_build_input`; FastMTP reads one)."""
+
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1, 1, 1), num_draft_tokens: int = 4,
                  topk: int = 1, tree_nodes: int | None = None, num_heads: int | None = None,
                  intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
@@ -185,8 +189,8 @@ class EagleDrafter(TrainableDrafter):
             raise ValueError(f"topk must be >= 1 (got {topk})")
         if tree_nodes is not None and tree_nodes < 1:
             raise ValueError(f"tree_nodes must be >= 1 (got {tree_nodes})")
-        if len(layer_ids) != 3:
-            raise ValueError(f"layer_ids must name three target layers (got {layer_ids!r})")
+        if len(layer_ids) != self.num_read_layers:
+            raise ValueError(f"layer_ids must name {self.num_read_layers} target layer(s) (got {layer_ids!r})")
         H = int(hidden_size)
         if num_heads is None:
             num_heads = next(h for h in (8, 4, 2, 1) if H % h == 0 and H // h >= 8 or h == 1)
@@ -202,12 +206,18 @@ class EagleDrafter(TrainableDrafter):
         self.lm_head = nn.Linear(H, self.vocab_size, bias=False)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
-        self.fuse = nn.Linear(3 * H, H, bias=False)
-        self.fuse_norm = _RMSNorm(3 * H, self.rms_eps)
-        self.fc = nn.Linear(2 * H, H, bias=False)
+        self._build_input()
         self.layer = _Block(H, self.num_heads, self.intermediate_size, self.rms_eps, self.rope_theta)
         self.norm = _RMSNorm(H, self.rms_eps)
         self._reset_run()
+
+    def _build_input(self) -> None:
+        """The modules before the decoder layer: EAGLE fuses the three layers' states (``fuse_norm``, ``fuse``)
+        and projects ``[token embedding, feature]`` to the layer's width (``fc``)."""
+        H = self.hidden_size
+        self.fuse = nn.Linear(3 * H, H, bias=False)
+        self.fuse_norm = _RMSNorm(3 * H, self.rms_eps)
+        self.fc = nn.Linear(2 * H, H, bias=False)
 
     # ------------------------------------------------------------------ construction / saving
     @property
@@ -327,7 +337,7 @@ class EagleDrafter(TrainableDrafter):
         ``[B, h, >= length + room, d]`` whose first ``length`` slots are the (left-padded) keys/values and the
         next ``room`` free for the drafts (``valid[B, length]``, ``None`` when every key is real: one row),
         plus the pending position's logits ``[B, V]``, hidden state ``[B, H]`` and position ``[B]``."""
-        dev, dtype = self.fuse.weight.device, self.fuse.weight.dtype
+        dev, dtype = self.fc.weight.device, self.fc.weight.dtype
         B, H, hd = len(ctx.rows), self.hidden_size, self.hidden_size // self.num_heads
         news = []
         for r, seq in zip(ctx.rows, ctx.sequences):
@@ -632,13 +642,13 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
     under the mask of :func:`_unroll_mask`. Steps ``>= 2`` run only from ``batch["start"]`` (the first
     position any row has a label at) on. Returns ``(losses[unroll], accuracies[unroll])`` (tensors; the
     losses carry gradients)."""
-    dev, dtype = drafter.fuse.weight.device, drafter.fuse.weight.dtype
+    dev, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
     tok, lab = batch["tokens"].to(dev), batch["labels"].to(dev)
     valid, feats = batch["valid"].to(dev), batch["features"].to(dev)
     B, T = tok.shape
     start = min(int(batch.get("start", 0)), T - 1)
     H = drafter.hidden_size
-    fused = drafter.fuse_features(list(feats.to(dtype).chunk(3, dim=-1)))
+    fused = drafter.fuse_features(list(feats.to(dtype).chunk(len(drafter.layer_ids), dim=-1)))
     zero = torch.zeros(B, 1, H, device=dev, dtype=dtype)
     pos = torch.arange(T, device=dev)[None].expand(B, T)
     feat = torch.cat([zero, fused[:, :-1]], dim=1)  # f_{i-1}
@@ -727,14 +737,18 @@ def train_eagle(target, tokenizer=None, sequences=(), steps: int = 300, *, draft
     return drafter.eval()
 
 
-def _eagle_factory(target_model, path=None, tokenizer=None, **options):
+def _eagle_factory(target_model, path=None, tokenizer=None, cls=None, **options):
     """``"eagle:PATH"`` loads a saved head (checked against the target); without a path it builds an
     untrained one for the target (the registry reaches that only through :func:`_eagle_spec_factory`, with
     ``untrained=true``). ``num_draft_tokens`` / ``topk`` / ``tree_nodes``
     override the saved run-time shape (``{"kind": "eagle", "path": PATH, "topk": 4, "tree_nodes": 12}``);
     ``min_confidence`` (a number, ``auto`` or ``none``) overrides the saved early stop. The head runs in the
-    target's dtype unless ``dtype`` says otherwise (``"eagle:PATH;dtype=float32"``)."""
+    target's dtype unless ``dtype`` says otherwise (``"eagle:PATH;dtype=float32"``). ``cls``: a subclass to build
+    instead (FastMTP's factory passes its own)."""
     from ..checkpoints import resolve_dtype
+
+    cls = cls or EagleDrafter
+    kind = cls.kind
 
     run_opts = {k: options.pop(k) for k in ("num_draft_tokens", "topk", "tree_nodes") if k in options}
     stop = options.pop("min_confidence", False)
@@ -749,17 +763,16 @@ def _eagle_factory(target_model, path=None, tokenizer=None, **options):
         device = None
         if target_model is not None and target_model.device.type != "meta":
             device = target_model.device
-        drafter = EagleDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer, device=device,
-                                               dtype=dtype)
+        drafter = cls.from_pretrained(path, target=target_model, tokenizer=tokenizer, device=device, dtype=dtype)
         if options:
-            raise InvalidInputError(f"unknown options for a saved eagle drafter: {sorted(options)}")
+            raise InvalidInputError(f"unknown options for a saved {kind} drafter: {sorted(options)}")
     else:
         if target_model is None:
-            raise InvalidInputError("the eagle drafter needs a path ('eagle:PATH') or a target to build one for")
+            raise InvalidInputError(f"the {kind} drafter needs a path ('{kind}:PATH') or a target to build one for")
         try:
-            drafter = EagleDrafter.from_target(target_model, tokenizer, **options)
+            drafter = cls.from_target(target_model, tokenizer, **options)
         except (TypeError, ValueError) as e:
-            raise InvalidInputError(f"bad eagle drafter options {options!r}: {e}") from e
+            raise InvalidInputError(f"bad {kind} drafter options {options!r}: {e}") from e
         drafter.to(dtype=dtype)
     for k, v in run_opts.items():
         if int(v) < 1:
@@ -770,10 +783,12 @@ def _eagle_factory(target_model, path=None, tokenizer=None, **options):
     return drafter
 
 
-def _eagle_spec_factory(target_model, path=None, untrained=False, **options):
+def _eagle_spec_factory(target_model, path=None, untrained=False, cls=None, **options):
     """What the registry calls for ``"eagle..."``: a path loads that head; ``"eagle"`` alone loads the head that
     ships for the target (:func:`mmspec.workloads.bundled_drafter_path`) or raises naming what to pass;
     ``"eagle;untrained=true"`` builds a random head for the target (tests and ablations only).
+
+    ``cls``: a subclass of :class:`EagleDrafter` to build instead (``"fastmtp..."`` reaches here with its own).
 
     Why: a bare ``eagle`` once built a random head that accepted nothing (tau 1.00) while ``mmspec bench`` read
     the same name as the shipped head; now it has that one meaning everywhere.
@@ -784,14 +799,15 @@ def _eagle_spec_factory(target_model, path=None, untrained=False, **options):
         ...
         mmspec.errors.InvalidInputError: 'eagle' names no trained head: none ships for this target; pass 'eagle:DIR' ...
     """
+    kind = (cls or EagleDrafter).kind
     if not path and not untrained:
         from ..workloads import bundled_drafter_path
 
-        path = bundled_drafter_path("eagle", target_model)
+        path = bundled_drafter_path(kind, target_model)
         if path is None:
-            raise InvalidInputError("'eagle' names no trained head: none ships for this target; pass 'eagle:DIR' "
-                                    "(a head trained with `mmspec train --kind eagle --target ...`), or "
-                                    "'eagle;untrained=true' for a random head (tests only)")
+            raise InvalidInputError(f"'{kind}' names no trained head: none ships for this target; pass '{kind}:DIR' "
+                                    f"(a head trained with `mmspec train --kind {kind} --target ...`), or "
+                                    f"'{kind};untrained=true' for a random head (tests only)")
     elif path and untrained:
-        raise InvalidInputError(f"'eagle:{path};untrained=true' asks for a saved head and a random one; drop one")
-    return _eagle_factory(target_model, path=path, **options)
+        raise InvalidInputError(f"'{kind}:{path};untrained=true' asks for a saved head and a random one; drop one")
+    return _eagle_factory(target_model, path=path, cls=cls, **options)
