@@ -348,8 +348,9 @@ def test_mmspec_train_glance_end_to_end(tmp_path):
     from mmspec.train import TrainConfig, read_shard, train
     from mmspec.workloads import get_workload
 
+    # three kept layers (one twice: the tiny VLM has two), so the EAGLE head below can train on the same data
     base = dict(kind="glance", target=tiny_vlm_path(), out=str(tmp_path), workloads=("docs", "charts"), n_train=4,
-                max_new_tokens=8, steps=3, batch_size=2, shard_size=2, save_every=2, num_draft_tokens=3,
+                layer_ids=(1, 2, 2), max_new_tokens=8, steps=3, batch_size=2, shard_size=2, save_every=2, num_draft_tokens=3,
                 val_shards=1, progress=False, options={"num_anchors": 4, "num_layers": 1})
     with pytest.raises(InvalidInputError, match="unknown glance training options"):
         TrainConfig(**{**base, "options": {"anchors": 3}}).validate()
@@ -369,6 +370,17 @@ def test_mmspec_train_glance_end_to_end(tmp_path):
     inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
     ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert torch.equal(mmspec.generate(pipe.model, inputs, drafter=drafter, max_new_tokens=12).sequences, ref)
+    # One data stage serves the EAGLE baseline too (GLANCE's records carry EAGLE's), on the data's own layers;
+    # TIGER's records carry more than GLANCE's, so TIGER refuses this data.
+    from mmspec.train import fit
+
+    eagle = dict(base, kind="eagle", out=str(tmp_path / "eagle"), data=str(tmp_path / "data"), val_shards=0, options={})
+    fit(TrainConfig(**eagle))
+    head = make_drafter(f"eagle:{tmp_path / 'eagle'}", pipe.model)
+    assert list(head.layer_ids) == json.loads((tmp_path / "data" / "index.json").read_text())["layer_ids"]
+    assert torch.equal(mmspec.generate(pipe.model, inputs, drafter=head, max_new_tokens=12).sequences, ref)
+    with pytest.raises(InvalidInputError, match="collected for 'glance'; tiger trains on data of 'tiger'"):
+        fit(TrainConfig(**dict(base, kind="tiger", out=str(tmp_path / "tiger"), data=str(tmp_path / "data"))))
 
 
 @pytest.mark.slow

@@ -70,6 +70,7 @@ class GlanceTrainer(Trainer):
     """GLANCE's plug into :mod:`mmspec.train` (see the module docstring)."""
 
     kind = "glance"
+    data_from = ("tiger",)  # TIGER's records are GLANCE's plus routing and teacher fields
 
     def __init__(self):
         self._gen = torch.Generator().manual_seed(0)

@@ -232,6 +232,7 @@ class TigerTrainer(GlanceTrainer):
     """TIGER's plug into :mod:`mmspec.train` (see the module docstring)."""
 
     kind = "tiger"
+    data_from = ()  # GLANCE's records lack the routable positions and the target's top tokens
     SHAPE_OPTIONS = {**GlanceTrainer.SHAPE_OPTIONS, "visual_top_k": "visual_top_k", "router_dim": "router_dim"}
 
     @property
