@@ -1198,8 +1198,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
         if not path:
             raise InvalidInputError(f"no model for workload {name!r}: none is bundled; pass --model "
                                     f"{name}=PATH (or one --model for every workload)")
-    if plain and not workloads and any(s != "ar" for s in cfg.systems or []):
-        raise InvalidInputError(f"workloads {', '.join(w.name for w in plain)} have no speculative systems yet; "
+    fixed = [w for w in plain if not w.plain_systems]  # the others measure cfg.systems themselves
+    if fixed and not workloads and any(s != "ar" for s in cfg.systems or []):
+        raise InvalidInputError(f"workloads {', '.join(w.name for w in fixed)} have no speculative systems yet; "
                                 "their plain pipeline is measured as 'ar'")
     vlm_models = {model_for(w.name, cfg.model) for w in workloads} if cfg.model else {None}
     if len(vlm_models) > 1:

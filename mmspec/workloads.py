@@ -115,6 +115,10 @@ class Workload:
     """``True`` for workloads served by their own pipeline (a driving VLA's step, an image generator) rather
     than a text-generating target: ``mmspec bench`` then calls :meth:`bench_plain` for them."""
 
+    plain_systems = False
+    """``True`` when :meth:`bench_plain` measures the systems of ``cfg.systems`` itself (speculative ones beside
+    ``ar``); otherwise ``mmspec bench`` refuses systems other than ``ar`` for the workload."""
+
     def bench_plain(self, model: str | None, examples: list, cfg, progress: bool = True) -> list[dict]:
         """Measure this workload's own plain (non-speculative) pipeline on ``examples``: the ``ar`` records of
         ``mmspec bench`` (:func:`mmspec.bench.plain_record`), with latency per stage and quality fields.

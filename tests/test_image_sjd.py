@@ -227,3 +227,34 @@ def test_guided_rows_finishing_apart(tiny):
                               guidance=Guidance(2.0, _unconditional(ids, _Tok())), do_sample=False, max_new_tokens=10,
                               eos_token_id=eos, pad_token_id=0, suppress_tokens=list(range(TEXT)))
         assert out.sequences[:, ids.shape[1]:].tolist() == want, drafter
+
+
+# ================================================================================== the bench's image systems
+def test_bench_image_systems(small, tmp_path, monkeypatch):
+    """``mmspec bench --workload images --systems ...``: SJD and a relaxed rule beside AR, each against the AR of
+    its own guidance scale, with the speed and losslessness fields; bad systems refused before loading."""
+    from mmspec.bench import BenchConfig, run_bench
+    from mmspec.image_ar import quality
+
+    model, tok, vq = small
+    ImageARPipeline(model, tok, vq, grid=4).save_pretrained(str(tmp_path / "gen"))
+    monkeypatch.setattr(quality, "bundled_classifier", lambda: None)  # fields, not image quality, are checked
+    systems = ["sjd;draft_len=4", "sjd;rule=lantern++:lambda=2;cfg_scale=1.5"]
+    report = run_bench(BenchConfig(model=str(tmp_path / "gen"), workloads=["images"], systems=systems, n=2,
+                                   batch_sizes=[2], dtype="float32", threads=1), progress=False)
+    recs = {r["system"]: r for r in report.results}
+    assert list(recs) == ["ar", "ar;cfg_scale=1.5"] + systems
+    ar, sjd, lantern = recs["ar"], recs[systems[0]], recs[systems[1]]
+    assert ar["speedup_vs_ar"] == 1.0 and ar["target_forwards"] == 16 and ar["lossless"]
+    assert sjd["reference"] == "ar" and lantern["reference"] == "ar;cfg_scale=1.5"
+    assert sjd["lossless"] and sjd["quality"]["lossless"] and sjd["kind"] == "mmspec" and sjd["tau"] > 1
+    assert 0 < sjd["target_forwards"] < 16 and sjd["speedup_vs_ar"] > 0 and sjd["speedup_generate"] > 0
+    assert not lantern["lossless"] and lantern["rule"] == "lantern++;lambda=2"
+    assert lantern["quality"]["cfg_scale"] == 1.5 and "batch doubled" in lantern["note"]
+    assert "images" in report.table()
+    for bad, match in ((["sjd;rule=nope"], "unknown acceptance rule"), (["eagle"], "unknown image system"),
+                       (["ar;rule=csd"], "ar takes only cfg_scale"), (["sjd;cfg_scale=0.5"], "cfg_scale"),
+                       (["sjd;draft_len=-1"], "draft_len")):
+        with pytest.raises(InvalidInputError, match=match):
+            run_bench(BenchConfig(model=str(tmp_path / "gen"), workloads=["images"], systems=bad, n=1),
+                      progress=False)
