@@ -1,6 +1,7 @@
 """mmspec.image_ar: the image world for autoregressive image generation, with Speculative Jacobi Decoding
-(the ``sjd`` drafter, :mod:`mmspec.image_ar.sjd`) and relaxed acceptance rules (``lantern++``, ``csd``, ``gsd``,
-:mod:`mmspec.image_ar.relaxed`).
+(the ``sjd`` drafter, :mod:`mmspec.image_ar.sjd`), relaxed acceptance rules (``lantern++``, ``csd``, ``gsd``,
+:mod:`mmspec.image_ar.relaxed`) and the grid bookkeeping of spatial 2-D drafting (raster maps with newline tokens and
+the draft scheduler, :mod:`mmspec.image_ar.spatial`; its trained heads are still to come).
 
 Importing this package registers the ``images`` workload (:mod:`mmspec.image_ar.workload`), the ``sjd`` drafter,
 the relaxed rules and :class:`ImageARPipeline` for the ``images`` task (so ``MMSpecPipeline.from_pretrained`` returns one for a folder
