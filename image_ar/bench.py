@@ -15,9 +15,13 @@ its draws, so images are not compared pixel for pixel; ``lossless`` is the accep
 Each record carries ``speedup_vs_ar`` (sum of AR's call times over the system's, ``total`` = codes + VQ decode),
 ``speedup_median`` (per batch), ``speedup_generate`` (the code loop alone), ``target_forwards`` (target passes over
 the run, one pass covering the batch; AR makes one per code), ``latency_ms`` per stage and ``quality``:
-``prompt_accuracy`` (every asked field read back by the world classifier), per-field rates, and ``fid`` on the
+``prompt_accuracy`` (every asked field read back by the world classifier), per-field rates, ``fid`` on the
 classifier's features with ``fid_n`` images per side (an FID on a few images is biased upwards and noisy: compare
-values at equal ``fid_n`` only, and treat small-``n`` differences as noise).
+values at equal ``fid_n`` only), ``code_nll`` (the target's mean negative log-likelihood of the generated codes
+under the guided distribution the system samples, teacher-forced: no classifier needed) and, when speculative
+systems run, the noise floor of each figure: an untimed second AR run per guidance scale on another seed set gives
+``fid_noise_floor`` = |FID(AR, seeds A) - FID(AR, seeds B)|, ``prompt_accuracy_noise`` and ``code_nll_noise``
+likewise (a difference from AR below these is noise).
 
 Example:
     >>> parse_image_system("sjd;draft_len=8;rule=lantern++:lambda=2;cfg_scale=1.5")
@@ -33,6 +37,8 @@ import math
 import statistics
 import sys
 import time
+
+import torch
 
 from mmspec.bench import plain_record, split_rule
 from mmspec.checkpoints import dtype_note, resolve_dtype
@@ -104,6 +110,32 @@ def _systems(names) -> list:
             yield s
 
 
+@torch.no_grad()
+def code_nll(pipe, prompts: list, codes: torch.Tensor, cfg_scale: float) -> list:
+    """Per image, the mean negative log-likelihood (nats per code) of ``codes`` (``[B, n]``) under the guided
+    distribution ``log_softmax(u + s (c - u))`` over the codes (temperature 1), teacher-forced in one pass.
+
+    Example:
+        >>> code_nll(pipe, ["a red circle"], pipe.last_codes, 1.0)                      # doctest: +SKIP
+        [0.031]
+    """
+    from .generator import _request_ids, _unconditional, _with_codes
+
+    offset = int(pipe.model.generation_config.image_code_offset)
+    ids, mask = _request_ids(pipe.tokenizer, prompts)
+    dev = pipe.model.device
+    codes = codes.to(dev)
+    rows = [ids] + ([_unconditional(ids, pipe.tokenizer)] if cfg_scale > 1 else [])
+    logits = []
+    for r in rows:
+        seq, full, pos = _with_codes(r.to(dev), mask.to(dev), codes + offset)
+        out = pipe.model(input_ids=seq, attention_mask=full, position_ids=pos).logits
+        logits.append(out[:, ids.shape[1] - 1: -1, offset:].float())
+    guided = logits[0] if len(logits) == 1 else logits[1] + cfg_scale * (logits[0] - logits[1])
+    nll = -torch.log_softmax(guided, dim=-1).gather(-1, codes[..., None]).squeeze(-1)
+    return nll.mean(dim=1).tolist()
+
+
 def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list[dict]:
     """Measure the generator at ``model`` on ``examples`` at each of ``cfg.batch_sizes`` for each of
     ``cfg.systems`` (see the module docstring)."""
@@ -132,7 +164,7 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
     for bs in cfg.batch_sizes:
         chunks = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
         runs = {s["name"]: {"stages": {"generate": [], "decode": [], "total": []}, "images": [], "tokens": 0,
-                            "forwards": 0, "stats": None} for s in systems}
+                            "forwards": 0, "stats": None, "nll": []} for s in systems}
 
         def call(s, chunk, seed):
             pipe.drafter, pipe.rule = s["drafter_obj"], s["rule"]
@@ -156,12 +188,15 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                 run["forwards"] += pipe.last_timings_ms["target_forwards"]
                 if pipe.last_stats is not None:
                     run["stats"] = pipe.last_stats if run["stats"] is None else run["stats"].merge(pipe.last_stats)
+                run["nll"] += code_nll(pipe, chunk, pipe.last_codes, _scale(pipe, s))  # untimed
                 bar.update(1)
         bar.close()
+        noise = _noise_floor(pipe, systems, chunks, cfg.seed) if len(systems) > 1 else {}
+        figures = {}  # per system: the quality figures the noise floor compares
         for s in systems:
             run = runs[s["name"]]
-            scale = pipe.cfg_scale if s["cfg_scale"] is None else s["cfg_scale"]
-            q = {"cfg_scale": scale, "fid_n": len(run["images"])}
+            scale = _scale(pipe, s)
+            q = {"cfg_scale": scale, "fid_n": len(run["images"]), "code_nll": statistics.fmean(run["nll"])}
             if clf is None:
                 q["note"] = "no world classifier bundled: prompt accuracy and FID not measured"
             else:
@@ -169,6 +204,7 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                 q.update(prompt_accuracy=acc.pop("all"), field_accuracy=acc,
                          fid=quality.fid(clf, run["images"], real) if len(run["images"]) > 1 else None,
                          real_prompt_accuracy=real_acc)
+            figures[s["name"]] = q
             st = run["stats"]
             note = (f"ImageARPipeline ({pipe.backend}), classifier-free guidance {scale}"
                     f"{' (batch doubled)' if scale > 1 else ''}, temperature 1, seeded per batch (same seeds in every "
@@ -184,6 +220,16 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                            identical_to_ar=None, identical_rate=None, divergences=None)
             rec["quality"]["lossless"] = rec["lossless"]
             records.append(rec)
+        floors = {}  # per guidance scale: AR (seed set A, timed) against AR (seed set B)
+        for scale, b in noise.items():
+            a = figures[next(x["name"] for x in systems if x["drafter"] is None and x["cfg_scale"] == scale)]
+            floors[scale] = {"code_nll_noise": abs(a["code_nll"] - b["code_nll"])}
+            if clf is not None:
+                fid_b = quality.fid(clf, b["images"], real) if len(b["images"]) > 1 else None
+                floors[scale].update(
+                    prompt_accuracy_noise=abs(a["prompt_accuracy"] - quality.prompt_accuracy(clf, b["images"],
+                                                                                             prompts)["all"]),
+                    fid_noise_floor=abs(a["fid"] - fid_b) if fid_b is not None and a["fid"] is not None else None)
         by_name = {r["system"]: r for r in records[-len(systems):]}
         for s in systems:
             ref = next(x for x in systems if x["drafter"] is None and x["cfg_scale"] == s["cfg_scale"])
@@ -193,4 +239,25 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
             rec["speedup_median"] = statistics.median(a / m for a, m in zip(ar["total"], mine["total"]))
             rec["speedup_generate"] = sum(ar["generate"]) / sum(mine["generate"])
             rec["reference"] = ref["name"]
+            rec["quality"].update(floors.get(s["cfg_scale"], {}))
     return records
+
+
+def _scale(pipe, system: dict) -> float:
+    return pipe.cfg_scale if system["cfg_scale"] is None else system["cfg_scale"]
+
+
+def _noise_floor(pipe, systems: list, chunks: list, seed: int) -> dict:
+    """Per guidance scale of the run, AR again (untimed) on a disjoint seed set (seed set B): how far AR's
+    figures move with the seeds alone. ``{cfg_scale: {"images", "code_nll"}}``."""
+    out = {}
+    for s in systems:
+        if s["drafter"] is not None or s["cfg_scale"] in out:
+            continue
+        pipe.drafter, pipe.rule = None, None
+        images, nll = [], []
+        for i, chunk in enumerate(chunks):
+            images += pipe(chunk, seed=seed + 1_000_003 + i, cfg_scale=s["cfg_scale"])
+            nll += code_nll(pipe, chunk, pipe.last_codes, _scale(pipe, s))
+        out[s["cfg_scale"]] = {"images": images, "code_nll": statistics.fmean(nll)}
+    return out

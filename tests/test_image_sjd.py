@@ -251,6 +251,9 @@ def test_bench_image_systems(small, tmp_path, monkeypatch):
     assert 0 < sjd["target_forwards"] < 16 and sjd["speedup_vs_ar"] > 0 and sjd["speedup_generate"] > 0
     assert not lantern["lossless"] and lantern["rule"] == "lantern++;lambda=2"
     assert lantern["quality"]["cfg_scale"] == 1.5 and "batch doubled" in lantern["note"]
+    for rec in recs.values():  # the target's NLL of its codes, and AR against AR on another seed set
+        assert rec["quality"]["code_nll"] > 0 and rec["quality"]["code_nll_noise"] >= 0
+    assert recs["ar"]["quality"]["code_nll_noise"] == sjd["quality"]["code_nll_noise"]
     assert "images" in report.table()
     for bad, match in ((["sjd;rule=nope"], "unknown acceptance rule"), (["eagle"], "unknown image system"),
                        (["ar;rule=csd"], "ar takes only cfg_scale"), (["sjd;cfg_scale=0.5"], "cfg_scale"),
