@@ -66,13 +66,24 @@ python -m mmspec.drafters.validation "$HERE/testbed-vlm-eagle"
 # /work/ckpt/faithful/run_stage1.sh with --out /work/ckpt/faithful/stage1.
 # Steps 1-700 ran under a 6000-step cosine; at step 700 the horizon was cut to 2000 (README: why), so the
 # reproduction stops the first command at 700 and resumes with the shorter schedule.
-for horizon in "6000 --stop-after 700" 2000; do
+# Stage 1 was stopped at step 1600 (2026-12-01 21:36 UTC, lr 1.3e-5 of the 2000-step cosine) for stage 2.
+for horizon in "6000 --stop-after 700" "2000 --stop-after 1600"; do
 python -m mmspec.vision.testbed train --out "$W/faithful-stage1" --init "$HERE/testbed-vlm" --size small \
     --steps $horizon --warmup 100 --batch-size 4 --lr 1e-4 --aux-weight 0.25 --read-weight 0.5 --read-layers 2,3 \
     --locate-weight 0.1 --track-weight 0.5 --probe-warmup 150 --self-feed 0.5 --docs-fraction 0.75 --save-every 100 \
     --threads 1 \
     --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.15, "block_fraction": 0.35}, "charts": {}}'
 done
+# Stage 2, more capacity: stage 1's step 1600 grown to 8 text layers and 8 vision blocks (the new ones appended,
+# starting as the identity: same outputs; patch reader and locator carried), then the same recipe under a fresh
+# 3000-step cosine, no probe warm-up. On 2026-12-01 it ran as /work/ckpt/faithful2/run_stage2.sh.
+python -m mmspec.vision.testbed grow --init "$W/faithful-stage1" --out "$W/faithful-grown" --text-layers 8 \
+    --vision-depth 8
+python -m mmspec.vision.testbed train --out "$W/faithful-stage2" --init "$W/faithful-grown" --size small \
+    --steps 3000 --warmup 100 --batch-size 4 --lr 1e-4 --aux-weight 0.25 --read-weight 0.5 --read-layers 2,3 \
+    --locate-weight 0.1 --track-weight 0.5 --probe-warmup 0 --self-feed 0.5 --docs-fraction 0.75 --save-every 100 \
+    --threads 1 \
+    --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.15, "block_fraction": 0.35}, "charts": {}}'
 # Its checkpoints' figures (README table; n 16 while training, 128 new tokens, bf16, one thread; --reference-tau
 # gives tau and exact match / CER from one greedy pass) and the shipped target's reference_tau (n 8, 64 new
 # tokens; that run also printed the plain evaluation, which --reference-tau now replaces):
