@@ -153,8 +153,9 @@ def exact_law(model, scale, temperature, top_k) -> dict:
 
 
 LAW_CONFIGS = {
-    "T1": dict(scale=1.0, temperature=1.0, top_k=None),
-    "cfg1.5-T0.9-top2": dict(scale=1.5, temperature=0.9, top_k=2),
+    "T1-random-init": dict(scale=1.0, temperature=1.0, top_k=None, init="random"),
+    # The four codes as a 2x2 grid: initialised slots repeat the code above (or to the left on the first row).
+    "cfg1.5-T0.9-top2-repeat-init": dict(scale=1.5, temperature=0.9, top_k=2, init="repeat"),
 }
 
 
@@ -167,7 +168,8 @@ def _sample(model, opts, rule=None, batch=1024, calls=3, seed=1234):
     pooled = None
     for _ in range(calls):
         # draft_len 3 with 4 codes: round 1 verifies initialised drafts, round 2 the carried (sampled) ones.
-        codes, stats = speculative_codes(model, ids, mask, _Tok(), N_CODES, JacobiDrafter(draft_len=3, init="random"),
+        drafter = JacobiDrafter(draft_len=3, init=opts.get("init", "random"), grid=2)
+        codes, stats = speculative_codes(model, ids, mask, _Tok(), N_CODES, drafter,
                                          rule=rule, cfg_scale=opts["scale"], temperature=opts["temperature"],
                                          top_k=opts["top_k"], generator=g, codebook=torch.arange(CODES)[:, None] * 1.0)
         counts.update(tuple(r) for r in codes.tolist())
@@ -180,6 +182,7 @@ def test_sjd_sampling_matches_exact_law(tiny, name):
     opts = LAW_CONFIGS[name]
     law = exact_law(tiny, opts["scale"], opts["temperature"], opts["top_k"])
     counts, pooled, n = _sample(tiny, opts)
+    assert pooled.drafter_counters["initialised"] > 0
     assert pooled.lossless and pooled.drafter_counters["carried"] > 0.2 * n, pooled
     assert pooled.accept_rate[0] > 0.2 and len(pooled.depth_accepted) >= 2, pooled
     pval = chisq_pvalue(counts, law, n)
@@ -190,10 +193,11 @@ def test_sjd_sampling_matches_exact_law(tiny, name):
 def test_relaxed_rule_through_sjd_is_detected_and_labelled(tiny):
     """Power: the same check rejects a relaxed rule (CSD's entropy bonus) on the same target, and its stats say
     LOSSY."""
-    opts = LAW_CONFIGS["T1"]
+    opts = LAW_CONFIGS["T1-random-init"]
     counts, pooled, n = _sample(tiny, opts, rule="csd")
     assert not pooled.lossless and pooled.rule == "csd" and "LOSSY" in str(pooled)
-    assert chisq_pvalue(counts, exact_law(tiny, **opts), n) < 1e-6
+    law = exact_law(tiny, opts["scale"], opts["temperature"], opts["top_k"])
+    assert chisq_pvalue(counts, law, n) < 1e-6
 
 
 def test_guided_ar_through_the_loop_matches_generate_codes(tiny):
