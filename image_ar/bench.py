@@ -121,15 +121,16 @@ def code_nll(pipe, prompts: list, codes: torch.Tensor, cfg_scale: float) -> list
     """
     from .generator import _request_ids, _unconditional, _with_codes
 
-    offset = int(pipe.model.generation_config.image_code_offset)
+    lm = pipe._image_lm or pipe.model  # Janus: its image mode as a causal LM (JanusImageLM)
+    offset = int(lm.generation_config.image_code_offset)
     ids, mask = _request_ids(pipe.tokenizer, prompts)
-    dev = pipe.model.device
+    dev = lm.device
     codes = codes.to(dev)
     rows = [ids] + ([_unconditional(ids, pipe.tokenizer)] if cfg_scale > 1 else [])
     logits = []
     for r in rows:
         seq, full, pos = _with_codes(r.to(dev), mask.to(dev), codes + offset)
-        out = pipe.model(input_ids=seq, attention_mask=full, position_ids=pos).logits
+        out = lm(input_ids=seq, attention_mask=full, position_ids=pos).logits
         logits.append(out[:, ids.shape[1] - 1: -1, offset:].float())
     guided = logits[0] if len(logits) == 1 else logits[1] + cfg_scale * (logits[0] - logits[1])
     nll = -torch.log_softmax(guided, dim=-1).gather(-1, codes[..., None]).squeeze(-1)
@@ -151,10 +152,9 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
     pipe.model.to(device)
     if pipe.vq is not None:
         pipe.vq.to(device)
-    if pipe.backend != "llama" and any(s["drafter"] for s in systems):
-        raise InvalidInputError("the image systems but 'ar' run on a llama code generator; this one is Janus")
+    lm = pipe._image_lm or pipe.model  # the causal LM over [text | codes] the speculative loop drives
     for s in systems:
-        s["drafter_obj"] = make_drafter(s["drafter"], pipe.model) if s["drafter"] else None
+        s["drafter_obj"] = make_drafter(s["drafter"], lm) if s["drafter"] else None
     clf_path = quality.bundled_classifier()
     clf = quality.WorldClassifier.from_pretrained(clf_path) if clf_path else None
     prompts = [ex.prompt for ex in examples]

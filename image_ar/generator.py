@@ -14,6 +14,11 @@ Two backends behind one :class:`ImageARPipeline` (``pipe(prompt, seed, cfg_scale
 * **janus**: transformers' ``JanusForConditionalGeneration`` in its native image mode (generation head,
   aligner, static cache, its own CFG processor), decoded by its VQ model.
 
+With a drafter (``drafter="sjd"``, :mod:`mmspec.image_ar.sjd`) both backends decode through
+:func:`mmspec.generate` instead (:func:`speculative_codes`; Janus through :class:`~mmspec.image_ar.janus.JanusImageLM`,
+its image mode as a causal LM), with an acceptance ``rule`` (the lossless one of the mode by default; the relaxed
+rules of :mod:`mmspec.image_ar.relaxed` are labelled lossy in :attr:`ImageARPipeline.last_stats`).
+
 Requests are checked before any generation (:class:`mmspec.InvalidInputError`): prompts (a non-empty
 string or a non-empty list of them), ``seed`` (an integer, or ``None`` for a fresh random one), ``temperature``
 (finite, > 0), ``top_k`` (``None`` / 0 for none, else a positive integer) and ``cfg_scale`` (finite, >= 1).
@@ -217,11 +222,16 @@ class ImageARPipeline(MMSpecPipeline):
     def __init__(self, model, tokenizer, vq: VQVAE | None = None, grid: int | None = None,
                  cfg_scale: float | None = None, drafter=None, rule=None):
         backend = "janus" if model.config.model_type == "janus" else "llama"
-        if drafter is not None and backend == "janus":
-            raise InvalidInputError("speculation runs on the llama image generator; transformers' Janus image mode "
-                                    "has its own loop (load it without drafter=)")
         if backend == "llama" and grid:  # what a Jacobi drafter's vertical-repeat initialisation reads
             model.generation_config.image_grid = int(grid)
+        # Janus's image mode as a causal LM over [text | codes], for speculation (its plain path is its own loop)
+        self._image_lm = None
+        if backend == "janus":
+            from .janus import JanusImageLM
+
+            self._image_lm = JanusImageLM(model)
+            side = math.isqrt(int(model.model.vision_model.config.num_image_tokens))
+            self._image_lm.generation_config.image_grid = side
         if rule is not None and not hasattr(rule, "accept"):
             from mmspec.acceptance import get_rule
 
@@ -229,7 +239,11 @@ class ImageARPipeline(MMSpecPipeline):
                 get_rule(rule, do_sample=True)  # an unknown name or bad options: said before any work
             except ValueError as e:
                 raise InvalidInputError(str(e)) from e
-        super().__init__(model, tokenizer, drafter=drafter)
+        super().__init__(model, tokenizer, drafter=drafter if backend == "llama" else None)
+        if backend == "janus" and drafter is not None:
+            from mmspec.registry import make_drafter
+
+            self.drafter = make_drafter(drafter, self._image_lm)
         self.model, self.tokenizer, self.vq = model, tokenizer, vq
         self.backend = backend
         self.rule = rule
@@ -254,7 +268,7 @@ class ImageARPipeline(MMSpecPipeline):
         """Load a generator saved by :meth:`save_pretrained`; ``dtype="auto"`` runs it in the dtype its weights
         are stored in (bf16 for the bundled one; the VQ decoder stays float32), or a dtype name.
 
-        ``drafter`` (llama backend): a drafter spec (``"sjd"``, ``"sjd;draft_len=8;init=random"``) for speculative
+        ``drafter``: a drafter spec (``"sjd"``, ``"sjd;draft_len=8;init=random"``) for speculative
         decoding through :func:`mmspec.generate`; ``rule=`` an acceptance rule name (default: the lossless rule of
         the mode; ``"lantern++;lambda=2"``, ``"csd"``, ``"gsd"`` are relaxed and labelled lossy in
         :attr:`last_stats`).
@@ -378,16 +392,21 @@ class ImageARPipeline(MMSpecPipeline):
         t0 = time.perf_counter()
         self.last_stats = None
         if self.backend == "janus":
-            if not do_sample:
-                raise InvalidInputError("transformers' Janus image mode always samples: do_sample must be True")
             torch.manual_seed(seed)  # Janus's loop samples with the global generator
             if not cfg_scale > 1.0:
                 # Its image loop always runs the doubled (conditional + unconditional) batch and halves it in
                 # the guidance step, which it adds whatever it is asked.
                 raise InvalidInputError(f"transformers' Janus image mode always guides: cfg_scale must be > 1 "
                                         f"(got {cfg_scale})")
-            codes = self.model.generate(ids, attention_mask=mask, generation_mode="image", do_sample=True,
-                                        guidance_scale=cfg_scale, temperature=temperature, top_k=top_k)
+            if self.drafter is not None:  # the same loop as the llama generator's, through JanusImageLM
+                codes, self.last_stats = speculative_codes(
+                    self._image_lm, ids, mask, self.tokenizer, self._image_lm.generation_config.image_grid ** 2,
+                    self.drafter, self.rule, cfg_scale, temperature, top_k, gen, do_sample,
+                    codebook=self.model.model.vqmodel.quantize.embedding.weight.detach())
+                codes = codes.to(ids.dtype)
+            else:
+                codes = self.model.generate(ids, attention_mask=mask, generation_mode="image", do_sample=do_sample,
+                                            guidance_scale=cfg_scale, temperature=temperature, top_k=top_k)
             t1 = time.perf_counter()
             pixels = self.model.decode_image_tokens(codes).permute(0, 3, 1, 2)
         elif self.drafter is not None:

@@ -69,7 +69,7 @@ class JacobiDrafter(Drafter):
     def bind(self, model) -> None:
         gc = getattr(model, "generation_config", None)
         self.offset = int(getattr(gc, "image_code_offset", 0) or 0)
-        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab = int(model.config.get_text_config(decoder=True).vocab_size)  # the logits the target scores
         if self.grid is None:
             self.grid = getattr(gc, "image_grid", None)
         if self.init is None:

@@ -265,3 +265,40 @@ def test_bench_image_systems(small, tmp_path, monkeypatch):
         with pytest.raises(InvalidInputError, match=match):
             run_bench(BenchConfig(model=str(tmp_path / "gen"), workloads=["images"], systems=bad, n=1),
                       progress=False)
+
+
+# ================================================================================== Janus through the same loop
+def test_janus_image_mode_through_sjd():
+    """transformers' Janus (tiny random config) in image mode: SJD through JanusImageLM reproduces Janus's own
+    guided greedy image loop token for token at batch 2, samples with lossless stats, and a relaxed rule reads
+    Janus's VQ codebook and says LOSSY."""
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    from mmspec.image_ar.generator import _tokenizer
+
+    tok = _tokenizer(PROMPTS, 80)
+    cfg = JanusConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8, num_image_tokens=16),
+        vq_config=dict(embed_dim=8, num_embeddings=64, base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
+                       latent_channels=8, image_token_embed_dim=64, projection_dim=64, num_patches=4))
+    torch.manual_seed(0)
+    model = JanusForConditionalGeneration(cfg).eval()
+    model.generation_config.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    plain = ImageARPipeline(model, tok)
+    pipe = ImageARPipeline(model, tok, drafter="sjd;draft_len=4")
+    assert pipe.drafter.kind == "sjd" and pipe._image_lm.generation_config.image_code_offset == len(tok)
+    for scale in (2.0, 5.0):
+        plain(PROMPTS[:2], seed=0, cfg_scale=scale, do_sample=False)
+        pipe(PROMPTS[:2], seed=0, cfg_scale=scale, do_sample=False)
+        assert torch.equal(pipe.last_codes, plain.last_codes), scale
+        assert pipe.last_stats.lossless and pipe.last_stats.tau > 1
+    img = pipe(PROMPTS[0], seed=3, cfg_scale=5.0, top_k=10)
+    assert img.size == (8, 8) and pipe.last_stats.lossless and pipe.last_stats.rule == "speculative_sampling"
+    pipe.rule = "lantern++;lambda=2;k=4"
+    pipe(PROMPTS[0], seed=3, cfg_scale=5.0)
+    assert not pipe.last_stats.lossless and "LOSSY" in str(pipe.last_stats)
