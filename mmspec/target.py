@@ -265,7 +265,7 @@ class TargetAdapter:
                                             f"unconditional rows of its shape (got inputs {other})")
             run_ids = torch.cat([input_ids, self.guidance.uncond_input_ids.to(input_ids.device)])
             kwargs["attention_mask"] = _twice(attention_mask, 2)
-            kwargs["position_ids"] = _twice(position_ids, 2)
+            kwargs["position_ids"] = torch.cat([position_ids] * 2, dim=-2)  # [B, L] or M-RoPE [A, B, L]
         inputs = model.prepare_inputs_for_generation(
             run_ids, cache=cache, use_cache=True, is_first_iteration=True, **kwargs
         )
