@@ -168,16 +168,16 @@ def test_cached_drafting_equals_the_training_forward_text(perm, branch_k):
             assert torch.allclose(lg, ref, atol=1e-4), (r, a)
 
 
-@pytest.mark.parametrize("anchor_feature", [False, True, "all"])
-def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature):
+@pytest.mark.parametrize("anchor_feature,refine", [(False, 0), (True, 0), ("all", 0), ("all", 1), (False, 1)])
+def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, refine):
     """The same on Qwen2-VL with M-RoPE: context keys take the target's (time, height, width) positions, the
     text after the image continues from the rope delta. A noisy oracle in a union makes rounds accept long
     paths through nodes the head did not draft (the head must still cache the accepted ones)."""
     from mmspec.drafters import NoisyOracleDrafter, UnionDrafter
 
     model = T.build("qwen2_vl")
-    head = GlanceDrafter.from_target(model, seed=0, block_size=4, anchor_feature=anchor_feature)
-    assert head.head.n_axes == 3 and head.head.anchor_feature == anchor_feature
+    head = GlanceDrafter.from_target(model, seed=0, block_size=4, anchor_feature=anchor_feature, refine=refine)
+    assert head.head.n_axes == 3 and head.head.anchor_feature == anchor_feature and head.head.refine == refine
     inputs = T.make_inputs("qwen2_vl", VL_PROMPTS[:1])
     ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
     P = inputs["input_ids"].shape[1]
@@ -212,7 +212,8 @@ def test_greedy_equals_generate_text(perm, branch_k, budget):
 
 @pytest.mark.parametrize("family", T.FAMILIES)
 @pytest.mark.parametrize("spec", ["glance;seed=0;block_size=4", "glance;seed=0;block_size=6;branch_k=3;tree_budget=9",
-                                  "glance;seed=0;block_size=4;branch_k=2;depth_budget=auto"])
+                                  "glance;seed=0;block_size=4;branch_k=2;depth_budget=auto",
+                                  "glance;seed=0;block_size=5;refine=1;anchor_feature=all;branch_k=2"])
 def test_greedy_equals_generate_qwen_vl(family, spec):
     model = T.build(family)
     drafter = make_drafter(spec, model)
@@ -248,12 +249,44 @@ def test_training_raises_tau_and_the_tree_beats_the_chain(perm):
     assert tree >= chain - 0.05, (chain, tree)
 
 
+@pytest.mark.slow
+def test_the_refinement_pass_raises_tau_on_the_permutation_target(perm):
+    """Same data, steps and seed with and without ``refine``: the second pass, reading the draft before each
+    position, makes the block consistent (measured: chain 3.69 -> 4.08, tree k3 3.92 -> 4.31 at 120 steps;
+    3.78 -> 4.25 chain at 400). The head is one layer; both are checked exact against generate."""
+    target, rand, plain, held = perm
+    records = [glance_record(target, p, rand.layer_ids, 32) for p in _prompts(50, seed=1)]
+    refined = _train(target, records, GlanceDrafter.from_target(target, seed=0, block_size=5, num_layers=1,
+                                                                 anchor_feature="all", refine=1), steps=120)
+    assert refined.config_dict()["refine"] == 1
+    chain_plain, chain_refined = _tau(target, plain, held), _tau(target, refined, held)
+    assert chain_refined > chain_plain + 0.2, (chain_plain, chain_refined)
+
+
+def test_refine_options_are_checked():
+    from mmspec.train import get_trainer
+
+    def cfg(**options):
+        return type("Cfg", (), {"options": options})()
+
+    assert get_trainer("glance").options(cfg(refine=1))["refine"] == 1
+    with pytest.raises(InvalidInputError, match="refine must be 0 or 1"):
+        get_trainer("glance").options(cfg(refine=2))
+    with pytest.raises(InvalidInputError, match="tiger does not train"):
+        get_trainer("tiger").options(cfg(refine=1))
+    with pytest.raises(ValueError, match="refine must be 0 or 1"):
+        GlanceDrafter(hidden_size=8, vocab_size=16, layer_ids=(1,), block_size=3, refine=True)
+
+
 # --------------------------------------------------------------------------- the sampling law
 LAW = {
     # A sampled chain of 3 (each position drawn from the head's own softmax, q attached), untrained head.
     "glance-stoch-chain": (lambda cond, m: GlanceDrafter.from_target(m, seed=0, block_size=4), 4, {}, 3, 2048),
 }
 SLOW_LAW = {
+    # The refinement pass (its first pass's argmax read by the second): a sampled chain from the second pass.
+    "glance-refine-stoch-chain": (lambda cond, m: GlanceDrafter.from_target(m, seed=0, block_size=4, refine=1,
+                                                                             anchor_feature="all"), 4, {}, 3, 2048),
     # A deterministic best-first tree (3 candidates per position, 9 nodes) at temperature 0.8, top-k 4.
     "glance-det-tree-T0.8-top4": (lambda cond, m: GlanceDrafter.from_target(m, seed=0, block_size=4, branch_k=3,
                                                                              tree_budget=9),

@@ -15,7 +15,8 @@ Kind options (``--options '{"num_anchors": 16}'``), validated before any model l
 ``num_anchors`` (blocks per sequence, default 16), ``loss_decay`` (DFlash's gamma, default block_size / 2;
 0 for none), ``num_layers`` (head layers, default 2), ``num_kept_layers`` (target layers read, default 3),
 ``anchor_feature`` (default true: the block's committed token also reads the state just before it, EAGLE's
-input, see :class:`~mmspec.drafters.block.BlockHead`).
+input, see :class:`~mmspec.drafters.block.BlockHead`), ``refine`` (0 or 1: a second head pass in which every drafted
+position reads the first pass's drafts, trained on the head's own first-pass argmax; both passes' losses count).
 The block holds ``--num-draft-tokens`` + 1 tokens.
 
 Example:
@@ -33,7 +34,8 @@ from mmspec.train import Trainer
 
 __all__ = ["GlanceTrainer", "glance_record", "OPTION_DEFAULTS"]
 
-OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_kept_layers": 3, "anchor_feature": True}
+OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_kept_layers": 3, "anchor_feature": True,
+                   "refine": 0}
 """GLANCE's training options and their defaults (``loss_decay=None``: ``block_size / 2``)."""
 
 
@@ -102,6 +104,8 @@ class GlanceTrainer(Trainer):
             v = opts[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"{self.kind} option {k} must be a positive integer (got {v!r})")
+        if opts["refine"] not in (0, 1) or isinstance(opts["refine"], bool):
+            raise InvalidInputError(f"{self.kind} option refine must be 0 or 1 (got {opts['refine']!r})")
         if not (isinstance(opts["anchor_feature"], bool) or opts["anchor_feature"] == "all"):
             raise InvalidInputError(f"{self.kind} option anchor_feature must be true, false or \"all\" "
                                     f"(got {opts['anchor_feature']!r})")
@@ -134,10 +138,10 @@ class GlanceTrainer(Trainer):
         opts = self.options(cfg)
         return GlanceDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
                                          block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"],
-                                         anchor_feature=opts["anchor_feature"])
+                                         anchor_feature=opts["anchor_feature"], refine=opts["refine"])
 
     #: kind options that shape the drafter, and the drafter config key each one sets
-    SHAPE_OPTIONS = {"num_layers": "num_layers", "anchor_feature": "anchor_feature"}
+    SHAPE_OPTIONS = {"num_layers": "num_layers", "anchor_feature": "anchor_feature", "refine": "refine"}
 
     def initial_drafter(self, drafter, cfg):
         """Rebuild the saved initial head when this fit's options ask for another shape (e.g. a data stage run

@@ -249,6 +249,8 @@ class TigerTrainer(GlanceTrainer):
             parse_top_k(opts["visual_top_k"])
         except ValueError as e:
             raise InvalidInputError(f"tiger option {e}") from e
+        if opts["refine"]:  # its distillation and policy losses score one pass
+            raise InvalidInputError("tiger does not train GLANCE's refinement pass (refine must be 0)")
         if opts["stage"] not in STAGES:
             raise InvalidInputError(f"tiger option stage must be one of {STAGES} (got {opts['stage']!r})")
         for k, lo in (("router_dim", 1), ("teacher_top_k", 1), ("group", 2)):
