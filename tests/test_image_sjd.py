@@ -268,10 +268,7 @@ def test_bench_image_systems(small, tmp_path, monkeypatch):
 
 
 # ================================================================================== Janus through the same loop
-def test_janus_image_mode_through_sjd():
-    """transformers' Janus (tiny random config) in image mode: SJD through JanusImageLM reproduces Janus's own
-    guided greedy image loop token for token at batch 2, samples with lossless stats, and a relaxed rule reads
-    Janus's VQ codebook and says LOSSY."""
+def _tiny_janus():
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     from mmspec.image_ar.generator import _tokenizer
@@ -289,6 +286,14 @@ def test_janus_image_mode_through_sjd():
     model.generation_config.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
     model.generation_config.bos_token_id = tok.bos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def test_janus_image_mode_through_sjd():
+    """transformers' Janus (tiny random config) in image mode: SJD through JanusImageLM reproduces Janus's own
+    guided greedy image loop token for token at batch 2, samples with lossless stats, and a relaxed rule reads
+    Janus's VQ codebook and says LOSSY."""
+    model, tok = _tiny_janus()
     plain = ImageARPipeline(model, tok)
     pipe = ImageARPipeline(model, tok, drafter="sjd;draft_len=4")
     assert pipe.drafter.kind == "sjd" and pipe._image_lm.generation_config.image_code_offset == len(tok)
@@ -302,3 +307,21 @@ def test_janus_image_mode_through_sjd():
     pipe.rule = "lantern++;lambda=2;k=4"
     pipe(PROMPTS[0], seed=3, cfg_scale=5.0)
     assert not pipe.last_stats.lossless and "LOSSY" in str(pipe.last_stats)
+
+
+@pytest.mark.slow
+def test_bench_on_janus(tmp_path, monkeypatch):
+    """The image bench's systems on a Janus folder (its default guidance, 5): SJD beside Janus's own loop."""
+    from mmspec.bench import BenchConfig, run_bench
+    from mmspec.image_ar import quality
+
+    model, tok = _tiny_janus()
+    model.generation_config._from_model_config = False
+    ImageARPipeline(model, tok).save_pretrained(str(tmp_path))  # says "mmspec_task": "images"
+    monkeypatch.setattr(quality, "bundled_classifier", lambda: None)
+    report = run_bench(BenchConfig(model=str(tmp_path), workloads=["images"], systems=["sjd;draft_len=4"], n=2,
+                                   batch_sizes=[2], dtype="float32", threads=1), progress=False)
+    ar, sjd = report.results
+    assert ar["system"] == "ar" and sjd["system"] == "sjd;draft_len=4" and sjd["reference"] == "ar"
+    assert sjd["lossless"] and sjd["quality"]["cfg_scale"] == 5.0 and 0 < sjd["target_forwards"] < 16
+    assert sjd["quality"]["code_nll"] > 0 and ar["quality"]["code_nll"] > 0
