@@ -57,7 +57,8 @@ def test_sjd_greedy_equals_ar_at_batch(small, cfg_scale):
     model, tok, vq = small
     ids, mask = _request_ids(tok, PROMPTS)  # three prompts of different lengths: left padding
     ar = generate_codes(model, ids, mask, tok, 24, cfg_scale, do_sample=False)
-    for drafter in (JacobiDrafter(draft_len=6, init="random"), JacobiDrafter(draft_len=4, init="repeat", grid=4)):
+    for drafter in (JacobiDrafter(draft_len=6, init="random"), JacobiDrafter(draft_len=4, init="repeat", grid=4),
+                    JacobiDrafter(draft_len=5, init="random", branch=3)):
         codes, stats = speculative_codes(model, ids, mask, tok, 24, drafter, cfg_scale=cfg_scale, do_sample=False,
                                          generator=torch.Generator().manual_seed(0))
         assert torch.equal(codes, ar), drafter.init
@@ -153,7 +154,8 @@ def exact_law(model, scale, temperature, top_k) -> dict:
 
 
 LAW_CONFIGS = {
-    "T1-random-init": dict(scale=1.0, temperature=1.0, top_k=None, init="random"),
+    # With a sibling for the first carried draft (its next most likely code): a static tree.
+    "T1-random-init-branch2": dict(scale=1.0, temperature=1.0, top_k=None, init="random", branch=2),
     # The four codes as a 2x2 grid: initialised slots repeat the code above (or to the left on the first row).
     "cfg1.5-T0.9-top2-repeat-init": dict(scale=1.5, temperature=0.9, top_k=2, init="repeat"),
 }
@@ -168,7 +170,7 @@ def _sample(model, opts, rule=None, batch=1024, calls=3, seed=1234):
     pooled = None
     for _ in range(calls):
         # draft_len 3 with 4 codes: round 1 verifies initialised drafts, round 2 the carried (sampled) ones.
-        drafter = JacobiDrafter(draft_len=3, init=opts.get("init", "random"), grid=2)
+        drafter = JacobiDrafter(draft_len=3, init=opts.get("init", "random"), grid=2, branch=opts.get("branch", 1))
         codes, stats = speculative_codes(model, ids, mask, _Tok(), N_CODES, drafter,
                                          rule=rule, cfg_scale=opts["scale"], temperature=opts["temperature"],
                                          top_k=opts["top_k"], generator=g, codebook=torch.arange(CODES)[:, None] * 1.0)
@@ -183,6 +185,8 @@ def test_sjd_sampling_matches_exact_law(tiny, name):
     law = exact_law(tiny, opts["scale"], opts["temperature"], opts["top_k"])
     counts, pooled, n = _sample(tiny, opts)
     assert pooled.drafter_counters["initialised"] > 0
+    if opts.get("branch", 1) > 1:  # siblings were proposed and some of them kept
+        assert pooled.drafter_counters["siblings"] > 0.2 * n
     assert pooled.lossless and pooled.drafter_counters["carried"] > 0.2 * n, pooled
     assert pooled.accept_rate[0] > 0.2 and len(pooled.depth_accepted) >= 2, pooled
     pval = chisq_pvalue(counts, law, n)
@@ -193,7 +197,7 @@ def test_sjd_sampling_matches_exact_law(tiny, name):
 def test_relaxed_rule_through_sjd_is_detected_and_labelled(tiny):
     """Power: the same check rejects a relaxed rule (CSD's entropy bonus) on the same target, and its stats say
     LOSSY."""
-    opts = LAW_CONFIGS["T1-random-init"]
+    opts = LAW_CONFIGS["T1-random-init-branch2"]
     counts, pooled, n = _sample(tiny, opts, rule="csd")
     assert not pooled.lossless and pooled.rule == "csd" and "LOSSY" in str(pooled)
     law = exact_law(tiny, opts["scale"], opts["temperature"], opts["top_k"])
