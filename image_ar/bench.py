@@ -2,7 +2,7 @@
 
 Systems (``--systems``; default ``ar`` alone, so the quick default bench stays quick): ``ar`` (the plain pipeline, :func:`~.generator.generate_codes`) and
 ``sjd`` (Speculative Jacobi Decoding through :func:`mmspec.generate`, :mod:`mmspec.image_ar.sjd`) with its options
-(``sjd;draft_len=8;init=random``) and an acceptance rule (``sjd;rule=lantern++:lambda=2``, ``sjd;rule=csd``,
+(``sjd;draft_len=8;init=random``, ``sjd;branch=4``) and an acceptance rule (``sjd;rule=lantern++:lambda=2``, ``sjd;rule=csd``,
 ``sjd;rule=gsd``: relaxed, ``lossless: false``). Any system takes ``cfg_scale=S`` (``sjd;cfg_scale=1.5``): it then
 runs under classifier-free guidance ``S`` (conditional and unconditional rows in one batch) and is compared with
 ``ar`` at the same scale, which the bench adds when it is not asked for. Without it a system runs at the
@@ -49,7 +49,7 @@ from .generator import ImageARPipeline
 __all__ = ["bench_images", "parse_image_system", "DEFAULT_SYSTEMS"]
 
 DEFAULT_SYSTEMS = ("ar",)
-_USAGE = ("image systems: 'ar' or 'sjd' (options draft_len=N, init=random|repeat), each with optional "
+_USAGE = ("image systems: 'ar' or 'sjd' (options draft_len=N, init=random|repeat, branch=K), each with optional "
           "';rule=NAME:key=value' (sjd only) and ';cfg_scale=S'")
 
 
