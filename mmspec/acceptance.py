@@ -71,6 +71,12 @@ class AcceptanceRule:
         return [self.accept(t, scores[i][: len(t) + 1], generator) for i, t in enumerate(trees)]
 
 
+def _own_accept(rule, cls) -> bool:
+    """Whether ``rule`` walks with ``cls.accept`` itself: a subclass that overrides :meth:`~AcceptanceRule.accept`
+    (the documented extension point) must get its own walk per row, never ``cls``'s batched shortcuts."""
+    return type(rule).accept is cls.accept
+
+
 def _fused(scores, trees) -> bool:
     """Whether a batch's walk runs as one fused kernel launch (:mod:`mmspec.kernels.acceptance`): ``scores`` a
     ``[B, Q, V]`` tensor on a device whose kernel backend is Triton (CUDA by default; ``MMSPEC_KERNELS``
@@ -108,6 +114,8 @@ class GreedyRule(AcceptanceRule):
         return self._walk(tree, scores.argmax(dim=-1).tolist())
 
     def accept_batch(self, trees, scores, generator=None):
+        if not _own_accept(self, GreedyRule):
+            return super().accept_batch(trees, scores, generator)
         if _fused(scores, trees):
             from .kernels.acceptance import greedy_accept
 
@@ -145,7 +153,8 @@ class SpeculativeSamplingRule(AcceptanceRule):
         """As :meth:`accept` per row; on a fused-kernel device (see :func:`_fused`) one launch for the batch,
         with its draws made beforehand from ``generator`` (a uniform per node, an exponential race for the
         next token): the same law, other draws than the per-row walk makes from the same seed."""
-        if not _fused(scores, trees) or (generator is not None and generator.device != scores.device):
+        if (not _own_accept(self, SpeculativeSamplingRule) or not _fused(scores, trees)
+                or (generator is not None and generator.device != scores.device)):
             return super().accept_batch(trees, scores, generator)
         from .kernels.acceptance import draw_randomness, sampling_accept
 

@@ -514,3 +514,25 @@ def test_sampling_generate_through_the_fused_rule(monkeypatch):
     assert out.stats.rounds and len(calls) == out.stats.rounds + 1  # the first token is an empty tree's walk
     assert torch.equal(out.sequences[:, : inputs["input_ids"].shape[1]], inputs["input_ids"])
     assert int(out.sequences.max()) < model.config.vocab_size
+
+
+@pytest.mark.parametrize("base", ["greedy", "speculative_sampling"])
+def test_a_subclass_overriding_accept_keeps_its_own_walk_on_a_triton_device(interpret, monkeypatch, base):
+    """A registered rule that subclasses a core rule and overrides ``accept`` (the documented extension point) is
+    walked by its own ``accept`` per row; the core rule's batched shortcuts (the fused launch, the one-argmax walk)
+    must not replace it."""
+    from mmspec import acceptance
+    from mmspec.kernels import acceptance as kacc
+
+    launches = []
+    for name in ("greedy_accept", "sampling_accept"):
+        monkeypatch.setattr(kacc, name, lambda *a, _name=name, **k: launches.append(_name))
+    parent = acceptance.GreedyRule if base == "greedy" else acceptance.SpeculativeSamplingRule
+
+    class Stubborn(parent):  # never accepts, always emits token 0
+        def accept(self, tree, scores, generator=None):
+            return acceptance.AcceptResult([], 0)
+
+    trees, _, probs, _ = _sampling_case(4, [3, 0, 5], vocab=6, with_q=False)
+    got = Stubborn().accept_batch(trees, probs.log(), torch.Generator().manual_seed(0))
+    assert got == [acceptance.AcceptResult([], 0)] * 3 and launches == []
