@@ -664,6 +664,13 @@ def fit(cfg: TrainConfig, accelerator=None):
         pipe = _load_target(cfg, "cpu")
         drafter = trainer.build_drafter(cfg, pipe.model, pipe.tokenizer)
         del pipe
+        # its embeddings and LM head come from --target: a head for another target than the data's would train
+        # on features it never meets (the own-kind path reads the data's saved drafter, so never needs this)
+        saved = index.get("fingerprint") or {}
+        diffs = {k: (saved[k], v) for k, v in drafter.fingerprint.items() if k in saved and saved[k] != v}
+        if diffs:
+            raise InvalidInputError(f"the data at {data_dir} was collected on another target than {cfg.target} "
+                                    f"(field: data's, target's): {diffs}")
     else:
         drafter = trainer.drafter_cls.from_pretrained(os.path.join(data_dir, INIT_DIR))
     if cfg.init_drafter:

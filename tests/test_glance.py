@@ -447,3 +447,22 @@ def test_fit_rebuilds_the_initial_head_when_its_options_ask_for_another_shape():
     assert len(got.head.layers) == 2 and got.head.anchor_feature and got.fingerprint == saved.fingerprint
     assert torch.equal(got.head.embed_tokens.weight, saved.head.embed_tokens.weight)
     assert torch.equal(got.head.lm_head.weight, saved.head.lm_head.weight)
+
+
+def test_fit_on_another_kinds_data_checks_the_target(tmp_path):
+    """On another kind's data, ``fit`` builds the head from ``--target`` (its embeddings and LM head): a target
+    other than the data's (fingerprint) is refused before any training, an unrelated kind's data too."""
+    from mmspec.demo import tiny_vlm_path
+    from mmspec.train import TrainConfig, fit
+
+    data = tmp_path / "data"
+    data.mkdir()
+    cfg = dict(kind="eagle", target=tiny_vlm_path(), out=str(tmp_path / "eagle"), data=str(data), progress=False)
+    # the tiny VLM's hidden size is not 7: the data's target is another one
+    (data / "index.json").write_text(json.dumps({"kind": "glance", "layer_ids": [1, 2, 2], "shards": [],
+                                                 "fingerprint": {"hidden_size": 7, "layer_ids": [1, 2, 2]}}))
+    with pytest.raises(InvalidInputError, match=r"another target .*'hidden_size': \(7, "):
+        fit(TrainConfig(**cfg))
+    (data / "index.json").write_text(json.dumps({"kind": "fastmtp", "layer_ids": [2], "fingerprint": {}}))
+    with pytest.raises(InvalidInputError, match="collected for 'fastmtp'; eagle trains on data of 'eagle', 'glance'"):
+        fit(TrainConfig(**cfg))
