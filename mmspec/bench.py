@@ -145,7 +145,9 @@ def parse_sampling(text) -> dict | None:
             out[key] = SAMPLING_KEYS[key](value)
         except ValueError as e:
             raise InvalidInputError(f"bad --sample value {pair!r}: {e}") from e
-    if out.get("temperature", 1.0) <= 0 or not 0 < out.get("top_p", 1.0) <= 1 or out.get("top_k", 1) < 0:
+    # a chained "0 < t < inf" also refuses nan and inf, which float() parses
+    if not 0 < out.get("temperature", 1.0) < float("inf") or not 0 < out.get("top_p", 1.0) <= 1 \
+            or out.get("top_k", 1) < 0:
         raise InvalidInputError(f"--sample {text!r}: temperature must be > 0, top_p in (0, 1], top_k >= 0")
     return out
 
@@ -290,16 +292,17 @@ def _resolve_systems(names, draft_model, bundled=()) -> list[str]:
     shipped = {spec.partition(":")[0]: spec for spec in bundled}
     out = ["ar"]
     for name in names:
+        given = name
         name, rule = split_rule(name)
         if rule is not None:
             if name.split(";")[0] == "ceiling" or name.removesuffix(BUDGET_SUFFIX) in BUILTIN_SYSTEMS:
-                raise InvalidInputError(f"system {name!r} takes no acceptance rule (only mmspec drafters do)")
+                raise InvalidInputError(f"system {given!r} takes no acceptance rule (only mmspec drafters do)")
             from .acceptance import get_rule
 
             try:
                 get_rule(rule.replace(":", ";"), do_sample=True)
-            except ValueError as e:
-                raise InvalidInputError(f"system {name!r}: {e}") from e
+            except ValueError as e:  # ";rule=" applies to the whole system: in a union it comes last
+                raise InvalidInputError(f"system {given!r}: {e}") from e
         suffix = BUDGET_SUFFIX if name.endswith(BUDGET_SUFFIX) else ""
         parts = [p.strip() for p in name.removesuffix(suffix).split(UNION_SEP)]
         for i, part in enumerate(parts):

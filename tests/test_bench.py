@@ -438,6 +438,8 @@ def test_sampling_run_names_rules_and_skips_identity(tiny_vlm):
     (["lookup;rule=nope"], None, "unknown acceptance rule"),
     (["ar;rule=greedy"], None, "takes no acceptance rule"),
     (["lookup"], "temperature=0", "temperature must be > 0"),
+    (["lookup"], "temperature=nan", "temperature must be > 0"),
+    (["lookup;rule=nope & lookup"], None, "system 'lookup;rule=nope & lookup': unknown acceptance rule"),
     (["lookup"], "beam=2", "bad --sample item"),
 ])
 def test_bad_sampling_requests_raise_before_loading(systems, text, message):
