@@ -145,10 +145,12 @@ def parse_sampling(text) -> dict | None:
             out[key] = SAMPLING_KEYS[key](value)
         except ValueError as e:
             raise InvalidInputError(f"bad --sample value {pair!r}: {e}") from e
-    # a chained "0 < t < inf" also refuses nan and inf, which float() parses
-    if not 0 < out.get("temperature", 1.0) < float("inf") or not 0 < out.get("top_p", 1.0) <= 1 \
-            or out.get("top_k", 1) < 0:
-        raise InvalidInputError(f"--sample {text!r}: temperature must be > 0, top_p in (0, 1], top_k >= 0")
+    from .checks import check_sampling
+
+    try:  # the checks mmspec.generate makes (nan and inf temperatures included), before any model loads
+        check_sampling(True, **out)
+    except InvalidInputError as e:
+        raise InvalidInputError(f"--sample {text!r}: {e}") from e
     return out
 
 
