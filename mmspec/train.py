@@ -633,7 +633,8 @@ def _save_checkpoint(out: str, step: int, drafter, opt, sched, keep: int = 2) ->
 
 def fit(cfg: TrainConfig, accelerator=None):
     """Stage 2: train the drafter from the shards of ``cfg.out/data``; returns the trained drafter (on the CPU,
-    eval mode). Resumes from the latest checkpoint when ``cfg.resume``. Needs no target."""
+    eval mode). Resumes from the latest checkpoint when ``cfg.resume``. Needs no target, except on another kind's
+    data (:attr:`Trainer.data_from`): the head is built from ``cfg.target``, whose fingerprint must be the data's."""
     from safetensors.torch import load_file
     from tqdm.auto import tqdm
 
