@@ -1198,6 +1198,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     every = _resolve_workloads(cfg.workloads)
     plain = [w for w in every if w.plain_pipeline]
     workloads = [w for w in every if not w.plain_pipeline]
+    if plain and cfg.sampling is not None:
+        raise InvalidInputError(f"--sample applies to the VLM workloads; {', '.join(w.name for w in plain)} run "
+                                "their own pipelines' decoding (measure them in a run without --sample)")
     plain_models = {w.name: model_for(w.name, cfg.model) or w.bundled_model() for w in plain}
     for name, path in plain_models.items():
         if not path:

@@ -565,6 +565,8 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
     if os.path.isfile(index_path):
         with open(index_path) as f:
             old = json.load(f)
+        if old.get("complete") and old.get("kind") != cfg.kind and old.get("kind") in trainer.data_from:
+            return data_dir  # complete data of a kind this one reads: stage 2 takes it as it is
         if {k: old.get(k) for k in settings} != settings:
             raise InvalidInputError(f"{data_dir} holds data collected with other settings "
                                     f"({ {k: old.get(k) for k in settings if old.get(k) != settings[k]} }); "

@@ -448,3 +448,11 @@ def test_bad_sampling_requests_raise_before_loading(systems, text, message):
     with pytest.raises(mmspec.InvalidInputError, match=message):
         run_bench(BenchConfig(model="/no/such/model", workloads=[BenchShapes.name], systems=systems,
                               sampling=parse_sampling(text)))
+
+
+def test_sampling_is_refused_for_plain_pipeline_workloads():
+    """The driving and image workloads run their own pipelines' decoding: --sample would be silently ignored."""
+    from mmspec.bench import parse_sampling
+
+    with pytest.raises(mmspec.InvalidInputError, match="--sample applies to the VLM workloads"):
+        run_bench(BenchConfig(workloads=["images"], sampling=parse_sampling("temperature=0.7")))

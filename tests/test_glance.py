@@ -192,6 +192,13 @@ def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, re
     full = _training_logits(head, rec, [len(seq) - 1 for _, seq, _ in seen])
     for (_, seq, lg), want in zip(seen, full):
         assert torch.allclose(lg, want, atol=1e-4), len(seq)
+    if refine:  # the refinement pass really ran in both paths: its logits are not the first pass's
+        head.head.refine = 0
+        try:
+            first = _training_logits(head, rec, [len(seq) - 1 for _, seq, _ in seen])
+        finally:
+            head.head.refine = 1
+        assert not torch.allclose(first, full, atol=1e-3)
 
 
 # --------------------------------------------------------------------------- greedy equality
@@ -408,7 +415,7 @@ def test_mmspec_train_glance_end_to_end(tmp_path):
     from mmspec.train import fit
 
     eagle = dict(base, kind="eagle", out=str(tmp_path / "eagle"), data=str(tmp_path / "data"), val_shards=0, options={})
-    fit(TrainConfig(**eagle))
+    train(TrainConfig(**eagle))  # both stages: the complete GLANCE data is taken as it is
     head = make_drafter(f"eagle:{tmp_path / 'eagle'}", pipe.model)
     assert list(head.layer_ids) == json.loads((tmp_path / "data" / "index.json").read_text())["layer_ids"]
     assert torch.equal(mmspec.generate(pipe.model, inputs, drafter=head, max_new_tokens=12).sequences, ref)
@@ -466,3 +473,6 @@ def test_fit_on_another_kinds_data_checks_the_target(tmp_path):
     (data / "index.json").write_text(json.dumps({"kind": "fastmtp", "layer_ids": [2], "fingerprint": {}}))
     with pytest.raises(InvalidInputError, match="collected for 'fastmtp'; eagle trains on data of 'eagle', 'glance'"):
         fit(TrainConfig(**cfg))
+    (data / "index.json").write_text(json.dumps({"kind": "glance", "layer_ids": [1, 2, 2], "fingerprint": {}}))
+    with pytest.raises(InvalidInputError, match="collected for 'glance'; fastmtp trains on data of 'fastmtp'$"):
+        fit(TrainConfig(**{**cfg, "kind": "fastmtp"}))

@@ -499,16 +499,17 @@ def test_sampling_generate_through_the_fused_rule(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(dispatch, "_override", ["triton"])
-    calls = []
-    real = kacc.sampling_accept
+    calls, greedy_calls = [], []
+    real, real_greedy = kacc.sampling_accept, kacc.greedy_accept
     monkeypatch.setattr(kacc, "sampling_accept", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(kacc, "greedy_accept", lambda *a, **k: greedy_calls.append(1) or real_greedy(*a, **k))
     model = _tiny_qwen2("sdpa")
     inputs = left_pad([[1, 5, 9, 4, 7, 3, 5, 9], [1, 8, 8, 6]])
     ref = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=PAD, eos_token_id=None)
     oracle = ref[:, inputs["input_ids"].shape[1]:]
     out = mmspec.generate(model, inputs, drafter=NoisyOracleDrafter(oracle, depth=3, corrupt_p=0.3, vocab_size=96),
                           max_new_tokens=8, pad_token_id=PAD, eos_token_id=None)
-    assert torch.equal(out.sequences, ref)
+    assert torch.equal(out.sequences, ref) and len(greedy_calls) == out.stats.rounds + 1
     out = mmspec.generate(model, inputs, drafter=NoisyOracleDrafter(oracle, depth=3, corrupt_p=0.3, vocab_size=96),
                           max_new_tokens=8, do_sample=True, seed=0, pad_token_id=PAD, eos_token_id=None)
     assert out.stats.rounds and len(calls) == out.stats.rounds + 1  # the first token is an empty tree's walk

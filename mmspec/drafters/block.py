@@ -869,7 +869,7 @@ def block_loss(head: BlockHead, batch: dict, decay: float | None = None):
 
     Returns ``(losses[Bs - 1], accuracies[Bs - 1])``: ``losses[j - 1]`` is the mean cross-entropy at offset
     ``j`` times its :func:`position_weights` weight (so their sum is the objective, and offset 1, of weight 1,
-    reads as a plain cross-entropy; with ``refine``, the sum of both passes' cross-entropies), ``accuracies`` the
+    reads as a plain cross-entropy; with ``refine``, the mean of both passes' cross-entropies), ``accuracies`` the
     unweighted top-1 per offset of the last pass (the one that drafts)."""
     passes, target = block_forward(head, batch, all_passes=True)
     w = position_weights(head.block_size, decay).to(target.device)
@@ -882,7 +882,7 @@ def block_loss(head: BlockHead, batch: dict, decay: float | None = None):
             lg = logits[:, :, j].reshape(-1, logits.shape[-1])
             # nothing to score at this offset in this batch: a zero that keeps the graph
             loss = loss + (F.cross_entropy(lg, tg, ignore_index=-100) if bool(keep.any()) else lg.sum() * 0.0)
-        losses.append(loss * w[j])
+        losses.append(loss * w[j] / len(passes))  # the mean over passes: logs read alike with and without refine
         hit = (lg.argmax(-1) == tg) & keep
         accs.append(hit.sum().float() / keep.sum().clamp(min=1))
     return torch.stack(losses), torch.stack(accs).detach()

@@ -75,6 +75,7 @@ class FastMTPTrainer(EagleTrainer):
     """FastMTP's plug into :mod:`mmspec.train`: EAGLE's record and collate, one layer (the last), FastMTP's loss."""
 
     kind = "fastmtp"
+    data_from = ()  # it reads one (the last) layer; GLANCE's and TIGER's records concatenate several
     default_num_draft_tokens = 3
     OPTIONS = {"beta": STEP_DECAY_BETA}
 
