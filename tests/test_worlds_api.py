@@ -190,7 +190,7 @@ def test_image_seed_none_draws_a_fresh_seed(images, monkeypatch):
 
     seen = []
 
-    def codes(model, ids, mask, tok, n, cfg_scale, temperature, top_k, generator):
+    def codes(model, ids, mask, tok, n, cfg_scale, temperature, top_k, generator, do_sample=True):
         seen.append(generator.initial_seed())
         return torch.zeros(ids.shape[0], n, dtype=torch.long)
 
