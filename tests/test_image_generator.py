@@ -45,12 +45,13 @@ def test_llama_backend_trains_saves_and_samples(tmp_path):
     assert torch.equal(logits.argmax(-1), codes[0])
 
 
-def test_janus_native_image_mode_through_the_same_pipeline(tmp_path):
+def tiny_janus(prompts):
+    """A tiny random transformers Janus (image mode usable) and a tokenizer trained on ``prompts``."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     from mmspec.image_ar.generator import _tokenizer
 
-    tok = _tokenizer([PROMPT, "the letter A in red on a white background"], 80)
+    tok = _tokenizer(list(prompts), 80)
     cfg = JanusConfig(
         text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
@@ -63,6 +64,11 @@ def test_janus_native_image_mode_through_the_same_pipeline(tmp_path):
     model.generation_config.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
     model.generation_config.bos_token_id = tok.bos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def test_janus_native_image_mode_through_the_same_pipeline(tmp_path):
+    model, tok = tiny_janus([PROMPT, "the letter A in red on a white background"])
     model.generation_config._from_model_config = False  # as a hub checkpoint's own generation config
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)

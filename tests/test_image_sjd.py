@@ -273,24 +273,9 @@ def test_bench_image_systems(small, tmp_path, monkeypatch):
 
 # ================================================================================== Janus through the same loop
 def _tiny_janus():
-    from transformers import JanusConfig, JanusForConditionalGeneration
+    from test_image_generator import tiny_janus
 
-    from mmspec.image_ar.generator import _tokenizer
-
-    tok = _tokenizer(PROMPTS, 80)
-    cfg = JanusConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8, num_image_tokens=16),
-        vq_config=dict(embed_dim=8, num_embeddings=64, base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
-                       latent_channels=8, image_token_embed_dim=64, projection_dim=64, num_patches=4))
-    torch.manual_seed(0)
-    model = JanusForConditionalGeneration(cfg).eval()
-    model.generation_config.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<boi>")}
-    model.generation_config.bos_token_id = tok.bos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok
+    return tiny_janus(PROMPTS)
 
 
 def test_janus_image_mode_through_sjd():
