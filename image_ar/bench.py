@@ -1,7 +1,9 @@
 """``mmspec bench --workload images``: the AR image generator, plain and speculative, and the quality of its images.
 
 Systems (``--systems``; default ``ar`` alone, so the quick default bench stays quick): ``ar`` (the plain pipeline, :func:`~.generator.generate_codes`) and
-``sjd`` (Speculative Jacobi Decoding through :func:`mmspec.generate`, :mod:`mmspec.image_ar.sjd`) with its options
+``sjd`` (Speculative Jacobi Decoding through :func:`mmspec.generate`, :mod:`mmspec.image_ar.sjd`), ``spatial`` (the
+trained spatial head, :mod:`mmspec.image_ar.ssd`; ``spatial:DIR`` another one; ``spatial;rounds=1`` its lossy
+verify-and-correct mode) with its options
 (``sjd;draft_len=8;init=random``, ``sjd;branch=4``) and an acceptance rule (``sjd;rule=lantern++:lambda=2``, ``sjd;rule=csd``,
 ``sjd;rule=gsd``: relaxed, ``lossless: false``). Any system takes ``cfg_scale=S`` (``sjd;cfg_scale=1.5``): it then
 runs under classifier-free guidance ``S`` (conditional and unconditional rows in one batch) and is compared with
@@ -49,8 +51,9 @@ from .generator import ImageARPipeline
 __all__ = ["bench_images", "parse_image_system", "DEFAULT_SYSTEMS"]
 
 DEFAULT_SYSTEMS = ("ar",)
-_USAGE = ("image systems: 'ar' or 'sjd' (options draft_len=N, init=random|repeat, branch=K), each with optional "
-          "';rule=NAME:key=value' (sjd only) and ';cfg_scale=S'")
+_USAGE = ("image systems: 'ar', 'sjd' (options draft_len=N, init=random|repeat, branch=K) or 'spatial[:DIR]' (options "
+          "draft_len=N, k_h=N, k_v=N, rounds=R: lossy verify-and-correct), each with optional "
+          "';rule=NAME:key=value' (not ar) and ';cfg_scale=S'")
 
 
 def parse_image_system(spec: str) -> dict:
@@ -84,9 +87,14 @@ def parse_image_system(spec: str) -> dict:
         if kept or rule is not None:
             raise InvalidInputError(f"system {spec!r}: ar takes only cfg_scale; {_USAGE}")
         drafter = None
-    elif head == "sjd":
+    elif head == "sjd" or head.split(":", 1)[0] == "spatial":
         drafter = ";".join([head] + kept)
-        make_drafter(drafter, None)  # bad drafter options are said before anything loads
+        if head == "sjd":
+            make_drafter(drafter, None)  # bad drafter options are said before anything loads
+        else:  # a trained head loads against the target; its run options are checked here
+            from .ssd import check_spec
+
+            check_spec(drafter)
         if rule is not None:
             try:
                 get_rule(rule, do_sample=True)

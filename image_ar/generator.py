@@ -187,6 +187,8 @@ def speculative_codes(model, input_ids, attention_mask, tok, n_codes: int, draft
     offset = int(model.generation_config.image_code_offset)
     guided = cfg_scale is not None and cfg_scale > 1.0
     guidance = Guidance(float(cfg_scale), _unconditional(input_ids, tok)) if guided else None
+    if rule is None and getattr(drafter, "make_rule", None) is not None:
+        rule = drafter.make_rule(do_sample)  # a drafter whose mode needs its own rule (spatial's rounds=r, lossy)
     try:
         rule = get_rule(rule, do_sample)
     except ValueError as e:  # an unknown rule or bad options
@@ -350,6 +352,19 @@ class ImageARPipeline(MMSpecPipeline):
             with open(os.path.join(path, GEN_CONFIG), "w") as f:
                 json.dump({"image_code_offset": int(self.model.generation_config.image_code_offset),
                            "grid": self.grid, "cfg_scale": self.cfg_scale}, f)
+
+    def prepare(self, images=None, prompt=None) -> dict:
+        """The model inputs of a request, as ``mmspec train``'s data stage asks every pipeline for them:
+        ``{"input_ids", "attention_mask"}`` of ``<bos> prompt <boi>`` (a text-to-image request shows no image).
+
+        Example:
+            >>> pipe.prepare(prompt="a blue square")["input_ids"].shape                 # doctest: +SKIP
+            torch.Size([1, 6])
+        """
+        if images:
+            raise InvalidInputError("a text-to-image request takes no input images")
+        ids, mask = _request_ids(self.tokenizer, _check_prompts(prompt))
+        return {"input_ids": ids.to(self.model.device), "attention_mask": mask.to(self.model.device)}
 
     @torch.no_grad()
     def __call__(self, prompt, seed: int = 0, cfg_scale: float | None = None, temperature: float = 1.0,

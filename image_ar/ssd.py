@@ -1,0 +1,442 @@
+"""Spatial 2-D drafting (the SSD seed, Spatially Speculative Decoding): the ``spatial`` drafter.
+
+Each round the drafter asks :class:`~mmspec.image_ar.spatial.GridScheduler` which slots follow the committed codes
+in raster order and can be reached from committed context: the rest of the current row and the next row(s) up to
+the first cell with nothing committed above it (``k_v`` rows of reach), newline slots forced. The trained
+:class:`~mmspec.image_ar.ssd_head.SpatialHead` predicts all of them *in parallel* in one call, each from the target's
+hidden states of the last committed code and of the committed cell straight above (masked when there is none), and
+the chain goes to the target.
+
+Two modes:
+
+* **lossless** (default): the chain is verified by the core's standard rule (greedy equality; speculative sampling
+  with the head's distribution as ``q``), so the codes are the target's own, token for token under greedy and in
+  law under sampling, with or without classifier-free guidance, at any batch size.
+* **verify-and-correct** (``rounds=r``, lossy, the paper's mode): past the first rejected draft of a block, every
+  later position is tested *on its own* against the target's distribution of the same (now stale) pass,
+  ``min(1, p/q)``, and replaced by a residual draw when rejected (greedy: by the target's argmax) instead of being
+  dropped; the corrected block is verified again ``r`` times the same way, and the pass after that commits what is
+  left of it whole. Those positions were drawn from distributions conditioned on a prefix that was not kept, so the
+  output is not the target's law: the rule that commits (:class:`SpatialCorrectRule`, ``ssd_correct``) declares
+  itself lossy and every stats record says so. With ``rule=None`` :func:`~mmspec.image_ar.generator.speculative_codes`
+  uses it for a drafter with ``rounds`` set.
+
+Example:
+    >>> from mmspec.image_ar.spatial import RasterMap
+    >>> d = SpatialDrafter(hidden_size=8, n_codes=4, height=3, width=4, k_h=2, k_v=1)
+    >>> d.kind, d.lossy, [s.seq for s in d.scheduler.plan(5)]
+    ('spatial', False, [5, 6, 7, 8])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.acceptance import AcceptanceRule, AcceptResult, GreedyRule, SpeculativeSamplingRule
+from mmspec.drafters.base import DraftContext, RoundResult
+from mmspec.drafters.saving import TrainableDrafter, target_fingerprint
+from mmspec.errors import DrafterMismatchError, InvalidInputError
+from mmspec.tree import DraftTree
+
+from .spatial import GridScheduler, RasterMap
+from .ssd_head import SpatialHead, slot_inputs
+
+__all__ = ["SpatialDrafter", "SpatialCorrectRule"]
+
+
+def _int_opt(name: str, v, low: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise InvalidInputError(f"spatial {name} must be an integer >= {low} (got {v!r})")
+    return v
+
+
+class SpatialDrafter(TrainableDrafter):
+    """The spatial drafter (module docstring). Build one for a target with :meth:`from_target`; train it with
+    ``mmspec train --kind spatial --workloads images``.
+
+    Args:
+        hidden_size: the target's hidden size; n_codes: its image codes (token ``offset + c`` is code ``c``).
+        height, width: the code grid; newline / newline_token: rows end in a forced newline token (Lumina-mGPT).
+        k_h: horizontal reach along the current row; k_v: vertical reach (rows below a committed cell).
+        draft_len: at most this many slots a round.
+        rounds: ``None`` for the lossless mode; ``r >= 0`` for verify-and-correct with ``r`` correction rounds (lossy).
+        num_layers, intermediate_size, max_delta, rms_eps: the head's shape (:class:`SpatialHead`).
+        layer_id: the target ``hidden_states`` index the head reads (its last layer).
+    """
+
+    kind = "spatial"
+
+    def __init__(self, hidden_size: int, n_codes: int, height: int, width: int, newline: bool = False,
+                 newline_token: int | None = None, k_h: int = 5, k_v: int = 1, draft_len: int = 16,
+                 rounds: int | None = None, num_layers: int = 2, intermediate_size: int | None = None,
+                 max_delta: int = 64, rms_eps: float = 1e-6, layer_id: int = -1, fingerprint: dict | None = None):
+        super().__init__(fingerprint=fingerprint)
+        self.k_h, self.k_v = _int_opt("k_h", k_h), _int_opt("k_v", k_v, 0)
+        self.draft_len = _int_opt("draft_len", draft_len)
+        self.rounds = None if rounds is None else _int_opt("rounds", rounds, 0)
+        if newline and newline_token is None:
+            raise InvalidInputError("spatial newline=true needs newline_token (the token id that ends a row)")
+        self.hidden_size, self.n_codes = int(hidden_size), int(n_codes)
+        self.height, self.width, self.newline = int(height), int(width), bool(newline)
+        self.newline_token = None if newline_token is None else int(newline_token)
+        self.num_layers, self.intermediate_size = int(num_layers), intermediate_size
+        self.max_delta, self.rms_eps, self.layer_id = int(max_delta), float(rms_eps), int(layer_id)
+        self.raster = RasterMap(self.height, self.width, newline=self.newline)
+        self.head = SpatialHead(self.hidden_size, self.n_codes, self.height, self.width, self.max_delta,
+                                k_v=max(self.k_v, 1), num_layers=self.num_layers,
+                                intermediate_size=intermediate_size, rms_eps=self.rms_eps)
+        self.offset, self.vocab = 0, None
+        self._reset_run()
+
+    # ------------------------------------------------------------------ construction / saving
+    @property
+    def scheduler(self) -> GridScheduler:
+        return GridScheduler(self.raster, k_h=self.k_h, k_v=self.k_v, max_slots=self.draft_len)
+
+    @property
+    def hidden_layers(self) -> tuple:
+        return (self.layer_id,)
+
+    @property
+    def lossy(self) -> bool:
+        return self.rounds is not None
+
+    def config_dict(self) -> dict:
+        return {"hidden_size": self.hidden_size, "n_codes": self.n_codes, "height": self.height, "width": self.width,
+                "newline": self.newline, "newline_token": self.newline_token, "k_h": self.k_h, "k_v": self.k_v,
+                "draft_len": self.draft_len, "rounds": self.rounds, "num_layers": self.num_layers,
+                "intermediate_size": self.intermediate_size, "max_delta": self.max_delta, "rms_eps": self.rms_eps,
+                "layer_id": self.layer_id}
+
+    @classmethod
+    def from_target(cls, target, tokenizer=None, grid=None, seed: int | None = None, **kw) -> "SpatialDrafter":
+        """A fresh head for ``target`` (a llama code generator or :class:`~mmspec.image_ar.janus.JanusImageLM`):
+        grid from ``generation_config.image_grid`` unless given (an int side, or ``(height, width)``), codes after
+        ``generation_config.image_code_offset``; the code embeddings and output rows start from the target's own
+        where it has them (a llama generator's input embeddings and LM head).
+
+        Example:
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> t = LlamaForCausalLM(LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32,
+            ...                      num_hidden_layers=2, num_attention_heads=2))
+            >>> t.generation_config.image_code_offset = 4
+            >>> d = SpatialDrafter.from_target(t, grid=4)
+            >>> d.n_codes, d.hidden_layers, d.fingerprint["layer_ids"]
+            (16, (2,), [2])
+        """
+        gc = target.generation_config
+        text = target.config.get_text_config(decoder=True)
+        grid = grid if grid is not None else getattr(gc, "image_grid", None)
+        if grid is None:
+            raise InvalidInputError("the spatial drafter needs the image grid: pass grid=SIDE or set "
+                                    "generation_config.image_grid")
+        height, width = (grid, grid) if isinstance(grid, int) else tuple(grid)
+        offset = int(getattr(gc, "image_code_offset", 0) or 0)
+        vocab = int(text.vocab_size)
+        layer = int(text.num_hidden_layers)
+        kw.setdefault("rms_eps", float(getattr(text, "rms_norm_eps", 1e-6)))
+        if seed is not None:
+            torch.manual_seed(seed)
+        d = cls(hidden_size=int(text.hidden_size), n_codes=vocab - offset, height=height, width=width, layer_id=layer,
+                fingerprint=target_fingerprint(target, tokenizer, (layer,)), **kw)
+        emb, out = target.get_input_embeddings(), target.get_output_embeddings()
+        with torch.no_grad():
+            if emb is not None and emb.weight.shape[0] == vocab:
+                d.head.code_embed.weight[: d.n_codes].copy_(emb.weight[offset:].detach().float())
+            if out is not None and out.weight.shape[0] == vocab:
+                d.head.out.weight.copy_(out.weight[offset:].detach().float())
+        dev = target.device if target.device.type != "meta" else torch.device("cpu")
+        return d.to(dev).eval()
+
+    def bind(self, model) -> None:
+        super().bind(model)
+        gc = getattr(model, "generation_config", None)
+        self.offset = int(getattr(gc, "image_code_offset", 0) or 0)
+        self.vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+        if self.vocab - self.offset != self.n_codes:
+            raise DrafterMismatchError(f"this spatial head drafts {self.n_codes} image codes; the target has "
+                                       f"{self.vocab - self.offset} after offset {self.offset}")
+
+    def make_rule(self, do_sample: bool) -> AcceptanceRule | None:
+        """The rule this drafter's mode needs: ``None`` (the core's lossless rule) or, with ``rounds``, the lossy
+        :class:`SpatialCorrectRule`."""
+        return SpatialCorrectRule(greedy=not do_sample) if self.lossy else None
+
+    # ------------------------------------------------------------------ run-time state
+    def _reset_run(self) -> None:
+        self._feats = self._codes = None  # [rows, N, H] / [rows, N]: feat and code index of every committed slot
+        self._n: dict = {}  # row -> committed image slots whose feats are stored (feats[r, :n] valid)
+        self._paths: dict = {}  # row -> accepted path of the last pass (ingested at the next propose)
+        self._carry: dict = {}  # lossy mode: row -> [(token, q)] corrected drafts awaiting their next pass
+        self._passes: dict = {}  # lossy mode: row -> correction passes its carried block has had
+        self._counts = {"drafted": 0, "corrected": 0, "committed_whole": 0}
+
+    def counters(self) -> dict:
+        return dict(self._counts)
+
+    def _layer(self, ctx: DraftContext):
+        h = ctx.hidden.get(self.layer_id)
+        if h is None:
+            raise InvalidInputError("the spatial drafter reads the target's hidden states; run it through "
+                                    "mmspec.generate (which requests its hidden_layers)")
+        return h
+
+    @torch.no_grad()
+    def begin(self, ctx: DraftContext) -> None:
+        self._reset_run()
+        h = self._layer(ctx)
+        rows = max(ctx.rows) + 1
+        n = len(self.raster)
+        dev = self.head.out.weight.device
+        self._feats = torch.zeros(rows, n + 1, self.hidden_size, dtype=self.head.out.weight.dtype, device=dev)
+        self._codes = torch.full((rows, n + 1), self.n_codes, dtype=torch.long, device=dev)
+        for i, r in enumerate(ctx.rows):
+            self._feats[r, 0] = h[i, -1]  # the last prompt position (left padding): it gave code 0
+            self._n[r] = 1
+
+    def _ingest(self, ctx: DraftContext) -> None:
+        """Store the feats of the slots the last pass committed (root and accepted path) and every new code."""
+        h = self._layer(ctx) if self._paths else None
+        for i, r in enumerate(ctx.rows):
+            path = self._paths.pop(r, None)
+            n = self._n[r]
+            if path is not None:
+                idx = torch.tensor([0] + [1 + p for p in path], device=h.device)
+                k = min(len(idx), self._feats.shape[1] - n)
+                self._feats[r, n: n + k] = h[i, idx[:k]].to(self._feats.dtype)
+                self._n[r] = n + k
+            gen = ctx.sequences[i][ctx.prompt_lengths[i]:]
+            done = min(len(gen), self._codes.shape[1])
+            c = torch.as_tensor(gen[:done], dtype=torch.long, device=self._codes.device) - self.offset
+            self._codes[r, :done] = torch.where((c >= 0) & (c < self.n_codes), c, self.n_codes)
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> list:
+        self._ingest(ctx)
+        trees: list = [None] * len(ctx.rows)
+        plans = {}
+        for i, r in enumerate(ctx.rows):
+            n_done = len(ctx.sequences[i]) - ctx.prompt_lengths[i]
+            room = min(self.draft_len, ctx.remaining[i] - 1)
+            carry = self._carry.get(r)
+            if carry:
+                trees[i] = self._carried_tree(r, carry[:max(room, 0)], ctx.do_sample)
+                continue
+            if room <= 0 or n_done >= len(self.raster):
+                trees[i] = DraftTree.empty()
+                continue
+            plans[i] = self.scheduler.plan(n_done)[:room]
+        if plans:
+            self._draft(ctx, plans, trees)
+        return trees
+
+    def _carried_tree(self, r: int, carry: list, do_sample: bool) -> DraftTree:
+        tokens = [t for t, _ in carry]
+        probs = None
+        if do_sample:
+            probs = torch.stack([q if q is not None else _one_hot(t, self.vocab) for t, q in carry])
+        tree = DraftTree.from_chain(tokens, probs)
+        # The rule reads these: after ``rounds`` correction passes the block is committed whole.
+        tree.ssd_commit_all = self._passes.get(r, 0) > self.rounds
+        tree.ssd_greedy = not do_sample
+        return tree
+
+    def _draft(self, ctx: DraftContext, plans: dict, trees: list) -> None:
+        """Every planned slot of every row in one head call; newline slots forced."""
+        cols = {k: [] for k in ("slot_row", "seq", "last", "above", "delta", "dv", "row", "col")}
+        for i, plan in plans.items():
+            r = ctx.rows[i]
+            n_done = len(ctx.sequences[i]) - ctx.prompt_lengths[i]
+            ins = slot_inputs(plan, n_done, self.raster, self.k_v)
+            cols["slot_row"] += [r] * len(ins["seq"])
+            for k, v in ins.items():
+                cols[k] += v
+        dev = self._feats.device
+        logits = None
+        if cols["seq"]:
+            t = {k: torch.tensor(v, dtype=torch.long, device=dev) for k, v in cols.items()}
+            logits = self.head(self._feats, self._codes, t["slot_row"], t["last"], t["above"], t["delta"], t["dv"],
+                               t["row"], t["col"])
+            if ctx.do_sample:
+                q = torch.softmax(logits, dim=-1)
+                g = ctx.generator
+                draws = torch.multinomial(q.to(g.device) if g is not None else q, 1,
+                                          generator=g).squeeze(-1).to(dev)
+                full_q = torch.nn.functional.pad(q, (self.offset, 0)).cpu()  # over the target's whole vocabulary
+            else:
+                draws = logits.argmax(dim=-1)
+        k = 0
+        for i, plan in plans.items():
+            tokens, probs = [], []
+            for slot in plan:
+                if slot.cell is None:
+                    tokens.append(self.newline_token)
+                    probs.append(_one_hot(self.newline_token, self.vocab))
+                    continue
+                tokens.append(self.offset + int(draws[k]))
+                if ctx.do_sample:
+                    probs.append(full_q[k])
+                k += 1
+            self._counts["drafted"] += len(tokens)
+            tree = DraftTree.from_chain(tokens, torch.stack(probs) if ctx.do_sample and tokens else None)
+            if self.lossy:
+                tree.ssd_commit_all, tree.ssd_greedy = False, not ctx.do_sample
+            trees[i] = tree
+
+    @torch.no_grad()
+    def observe(self, ctx: DraftContext, result: RoundResult) -> None:
+        for i, r in enumerate(ctx.rows):
+            if result.finished[i]:
+                self._carry.pop(r, None)
+                continue
+            tree, path = result.trees[i], result.paths[i]
+            self._paths[r] = list(path)
+            if not self.lossy:
+                continue
+            a = len(path)
+            if getattr(tree, "ssd_commit_all", False) or a + 1 >= len(tree) or result.scores is None:
+                if getattr(tree, "ssd_commit_all", False) and len(tree):
+                    self._counts["committed_whole"] += len(tree)
+                self._carry.pop(r, None)
+                self._passes.pop(r, None)
+                continue
+            # Nodes after the bonus position, each tested on its own against this pass's (stale) p.
+            scores = result.scores[i]
+            carried = []
+            for j in range(a + 1, len(tree)):
+                x = int(tree.tokens[j])
+                p = torch.softmax(scores[j].float(), dim=-1)
+                if not ctx.do_sample:
+                    y = int(p.argmax())
+                else:
+                    q = tree.draft_probs[j].to(p.device, torch.float32) if tree.draft_probs is not None else None
+                    if q is None or q[x] <= 0:
+                        q = _one_hot(x, p.shape[-1]).to(p.device)
+                    g = ctx.generator
+                    u = float(torch.rand((), generator=g, device=g.device if g is not None else p.device))
+                    if u < min(1.0, float(p[x]) / float(q[x])):
+                        y = x
+                    else:
+                        res = torch.clamp(p - q, min=0.0)
+                        res = res / res.sum() if res.sum() > 0 else p
+                        y = int(torch.multinomial(res.to(g.device) if g is not None else res, 1, generator=g))
+                self._counts["corrected"] += int(y != x)
+                carried.append((y, p.cpu() if ctx.do_sample else None))
+            self._carry[r] = carried
+            self._passes[r] = self._passes.get(r, 0) + 1
+
+    def forget(self) -> None:
+        self._reset_run()
+
+
+def _one_hot(token: int, vocab: int) -> torch.Tensor:
+    q = torch.zeros(vocab)
+    q[token] = 1.0
+    return q
+
+
+class SpatialCorrectRule(AcceptanceRule):
+    """SSD's verify-and-correct commit (lossy): a tree the spatial drafter marks ``ssd_commit_all`` is kept whole,
+    and the next token is drawn from the target after it (greedy: its argmax); any other tree is walked by the core's
+    lossless rule of the mode (``greedy``: :class:`~mmspec.acceptance.GreedyRule`, else speculative sampling).
+
+    Example:
+        >>> t = DraftTree.from_chain([1, 2]); t.ssd_commit_all = True
+        >>> SpatialCorrectRule(greedy=True).accept(t, torch.tensor([[9., 0, 0], [9., 0, 0], [0, 0, 9.]]))
+        AcceptResult(path=[0, 1], next_token=2)
+    """
+
+    name = "ssd_correct"
+    lossless = False
+    mode = None
+
+    def __init__(self, greedy: bool = False):
+        self.greedy = bool(greedy)
+        self._walk = GreedyRule() if self.greedy else SpeculativeSamplingRule()
+
+    def accept(self, tree, scores, generator=None):
+        if not getattr(tree, "ssd_commit_all", False) or not len(tree):
+            return self._walk.accept(tree, scores, generator)
+        last = scores[len(tree)].float()
+        if getattr(tree, "ssd_greedy", self.greedy):
+            nxt = int(last.argmax())
+        else:
+            p = torch.softmax(last.to(generator.device) if generator is not None else last, dim=-1)
+            nxt = int(torch.multinomial(p, 1, generator=generator))
+        return AcceptResult(list(range(len(tree))), nxt)
+
+
+def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, **options):
+    """``"spatial:DIR"`` loads a trained head (checked against the target); ``"spatial"`` alone the head bundled for
+    the target; ``"spatial;untrained=true"`` a random one (tests). Run-time options (``draft_len``, ``k_h``, ``k_v``,
+    ``rounds``) override the saved ones; ``rounds=null`` is the lossless mode."""
+    run = {k: options.pop(k) for k in ("draft_len", "k_h", "k_v", "rounds") if k in options}
+    seed = options.pop("seed", None)
+    if not path and not untrained:
+        path = bundled_spatial_head(target_model)
+        if path is None:
+            raise InvalidInputError("'spatial' names no trained head for this target: pass 'spatial:DIR' (a head "
+                                    "trained with `mmspec train --kind spatial --workloads images`), or "
+                                    "'spatial;untrained=true' for a random head (tests only)")
+    if path:
+        if options:
+            raise InvalidInputError(f"unknown options for a saved spatial drafter: {sorted(options)}")
+        device = target_model.device if target_model is not None and target_model.device.type != "meta" else None
+        drafter = SpatialDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer, device=device)
+    else:
+        if target_model is None:
+            raise InvalidInputError("'spatial;untrained=true' builds a head for a target: none was given")
+        try:
+            drafter = SpatialDrafter.from_target(target_model, tokenizer, seed=seed, **options)
+        except TypeError as e:
+            raise InvalidInputError(f"bad spatial drafter options {sorted(options)}: {e}") from e
+    _check_run_options(run)
+    for k, v in run.items():
+        setattr(drafter, k, v)
+    return drafter
+
+
+def _check_run_options(run: dict) -> None:
+    for k, v in run.items():
+        if k == "rounds" and v is None:
+            continue
+        _int_opt(k, v, 0 if k in ("k_v", "rounds") else 1)
+
+
+def bundled_spatial_head(target_model) -> str | None:
+    """The head shipped under ``image_ar/assets/spatial-head`` when ``target_model`` is the one it was trained for."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "spatial-head")
+    if not os.path.isfile(os.path.join(path, "config.json")) or target_model is None:
+        return None
+    with open(os.path.join(path, "config.json")) as f:
+        fp = json.load(f).get("target_fingerprint", {})
+    try:
+        from mmspec.drafters.saving import check_fingerprint
+
+        check_fingerprint(fp, target_model)
+    except DrafterMismatchError:
+        return None
+    return path
+
+
+def check_spec(spec: str) -> None:
+    """Check a ``spatial[:DIR];key=value`` spec's run options without loading anything (bench systems are checked
+    before the model loads); raises :class:`~mmspec.InvalidInputError`.
+
+    Example:
+        >>> check_spec("spatial;draft_len=0")
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: spatial draft_len must be an integer >= 1 (got 0)
+    """
+    from mmspec.registry import _spec_options
+
+    options = _spec_options(spec, spec.split(";")[1:])
+    known = {"draft_len", "k_h", "k_v", "rounds", "untrained", "seed"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InvalidInputError(f"unknown spatial options {unknown}; run options: draft_len, k_h, k_v, rounds")
+    _check_run_options({k: v for k, v in options.items() if k in ("draft_len", "k_h", "k_v", "rounds")})
