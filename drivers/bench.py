@@ -108,7 +108,11 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     the largest first-token logit difference and the trajectory's ADE to plain's (``vs_plain``).
     **Closed loop**: each system drives ``closed`` scenarios for ``seconds`` (the expert hands over at 2 s), planning
     every tick (10 Hz); collision, off-road and red-light rates. Latency (per stage: median; ``p50`` / ``p90``) pools
-    the timed open-loop ticks and every closed-loop plan.
+    the timed open-loop ticks and every closed-loop plan; with ``plain`` in the run each record also has
+    ``stage_ratio_vs_plain`` (plain's median over this system's, per stage). Systems with speculative reasoning
+    (``drafter``: its ``make_drafter`` spec or folder; default the bundled one) report under ``spec`` the mean
+    accepted length ``tau`` (tokens committed per target pass after the prefill, the bonus token counted) and
+    ``target_forwards`` against plain greedy's on the same ticks.
 
     Example:
         >>> recs = drive_sim("drivers/assets/driving-vla", ("plain", "flashdrive"), clips=1, ticks=2)  # doctest: +SKIP
@@ -136,11 +140,16 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     if closed and seconds <= 2.0 + DT:
         raise InvalidInputError(f"a closed-loop drive of {seconds} s ends before the hand-over at 2 s")
     vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(dtype, model, "cpu"))
-    pipes = {s: DrivingPipeline(vla, flashdrive=SIM_SYSTEMS[s]) for s in systems}
+    import dataclasses
+
     configs = {s: FlashDriveConfig.parse(SIM_SYSTEMS[s]) for s in systems}
+    if drafter is not None:
+        configs = {s: c if c is None or not c.spec else dataclasses.replace(c, drafter=drafter)
+                   for s, c in configs.items()}
+    pipes = {s: DrivingPipeline(vla, flashdrive=configs[s]) for s in systems}
     stages = {s: {k: [] for k in STAGES} for s in systems}
     per = {s: {"ade_1": [], "ade_k": [], "same_text": [], "logit_diff": [], "ade_vs_plain": [], "tokens": 0,
-               "head_calls": [], "stream_reuse": 0, "ticks": 0} for s in systems}
+               "head_calls": [], "stream_reuse": 0, "ticks": 0, "rounds": 0, "spec_tokens": 0} for s in systems}
     first = HISTORY_TICKS
     need_s = (first + warmup + ticks + FUTURE_TICKS + 1) * DT
     clips_dir = clips_dir or os.path.join(tempfile.gettempdir(), "mmspec-drive-sim-clips")
@@ -154,6 +163,9 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
             for k in STAGES:
                 stages[s][k].append(res["timings_ms"][k])
             per[s]["tokens"] += res["num_decode_tokens"]
+            if "spec_rounds" in res:
+                per[s]["rounds"] += res["spec_rounds"]
+                per[s]["spec_tokens"] += res["num_decode_tokens"] - 1
             if "head_calls" in res:
                 per[s]["head_calls"].append(res["head_calls"])
 
@@ -217,8 +229,21 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
                 f"FlashDrive engine: {pipes[s].engine.describe() or 'no mechanism (control)'}")
         note += (f"; batch 1, {samples} trajectory samples per tick (one timed); {warmup} warm-up ticks per clip "
                  "untimed; closed loop plans every tick (10 Hz)")
-        records.append(stage_record(s, stages[s], quality, note, vla.backbone.dtype, cfg is None or cfg.exact,
-                                    budget_ms, d["tokens"]))
+        rec = stage_record(s, stages[s], quality, note, vla.backbone.dtype, cfg is None or cfg.exact, budget_ms,
+                           d["tokens"])
+        n_timed = len(stages[s]["total"])
+        if pipes[s].engine is not None and pipes[s].engine.drafter is not None and n_timed:
+            # plain greedy makes one pass per token after the first (the prefill's); speculation one per round
+            rec["spec"] = {"tau": d["spec_tokens"] / d["rounds"] if d["rounds"] else None,
+                           "target_forwards": d["rounds"] + n_timed,
+                           "target_forwards_plain": d["spec_tokens"] + n_timed,
+                           "drafter": pipes[s].engine.spec_note}
+        records.append(rec)
+    base = next((r for r in records if r["system"] == "plain"), None)
+    if base is not None:
+        for r in records:
+            r["stage_ratio_vs_plain"] = {k: base["latency_ms"][k] / v for k, v in r["latency_ms"].items()
+                                         if k in STAGES and v and base["latency_ms"].get(k)}
     return records
 
 
@@ -240,6 +265,9 @@ def _sim_arguments(p) -> None:
     p.add_argument("--json", default=None, help='write {"results": [...]} here')
     p.add_argument("--step-study", type=int, default=0, metavar="N",
                    help="also compare the flow head's step cache with uniformly fewer steps on N items")
+    p.add_argument("--drafter", default=None,
+                   help="reasoning drafter for the systems with speculative reasoning (glance:DIR or DIR; default: "
+                        "the bundled one)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -261,7 +289,8 @@ def _sim_run(args) -> int:
         raise InvalidInputError("no driving VLA bundled with this install: pass --model PATH")
     systems = list(SIM_SYSTEMS) if args.systems == "all" else [s.strip() for s in args.systems.split(",") if s.strip()]
     recs = drive_sim(model, systems, args.clips, args.ticks, args.warmup, args.closed, args.seconds, args.budget_ms,
-                     args.samples, args.seed, args.dtype, args.clips_dir, progress=not args.no_progress)
+                     args.samples, args.seed, args.dtype, args.clips_dir, progress=not args.no_progress,
+                     drafter=args.drafter)
     base = next((r for r in recs if r["system"] == "plain"), None)
     print(f"{'system':16s} {'pre':>5s} {'enc':>5s} {'fill':>5s} {'dec':>6s} {'act':>6s} {'total':>6s} {'p90':>6s} "
           f"{'Hz':>5s} {'x plain':>7s} {'RT':>3s} {'minADE':>6s} {'ADE_6':>6s} {'coll':>4s} {'off':>4s} {'red':>4s} "
@@ -276,6 +305,12 @@ def _sim_run(args) -> int:
               f"{_fmt(ratio, '.2f'):>7s} {'yes' if r['realtime'] else 'no':>3s} {_fmt(q['min_ade'], '.3f'):>6s} "
               f"{_fmt(k6, '.3f'):>6s} {q['collision_count']:>4d} {q['offroad_count']:>4d} {q['red_light_count']:>4d} "
               f"{r['exact']}")
+    for r in recs:
+        if r.get("spec"):
+            sp, ratio = r["spec"], r.get("stage_ratio_vs_plain", {}).get("decode")
+            print(f"{r['system']}: speculative reasoning tau {_fmt(sp['tau'], '.2f')}, target passes "
+                  f"{sp['target_forwards']} vs plain greedy's {sp['target_forwards_plain']}, decode stage "
+                  f"{_fmt(ratio, '.2f')}x plain's ({sp['drafter']})")
     out = {"results": recs}
     if args.step_study:
         from mmspec.workloads import get_workload

@@ -16,6 +16,14 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
   (the tests use that).
 * **step cache** (``step_cache``, approximate): :class:`~mmspec.drivers.vla.StepCache` reuses the last
   velocity of the flow-matching head on some Euler steps (adaptive threshold or fixed schedule).
+* **speculative reasoning** (``spec``, exact): a block drafter (a GLANCE head, ``mmspec train --kind glance
+  --workloads driving`` on the VLA's own greedy reasoning) drafts the reasoning a block at a time from the
+  language model's states over the whole prompt (frames included); the core verifies it
+  (:class:`~mmspec.target.TargetAdapter` scores a block in one pass from the tick's cache, the core's greedy rule
+  accepts, the adapter commits), so the reasoning is token for token the VLA's own greedy reasoning. The VLA decodes
+  greedily (Alpamayo samples; this one does not), and it has no trajectory tokens in its vocabulary (the action
+  expert reads the cache), so there is no range to mask. With streaming, the kept frames' states the drafter reads
+  are carried between ticks like their KV.
 * **system** (``system``, exact): the prompt's M-RoPE positions are built once per prompt layout (not by
   ``get_rope_index`` every tick), the expert's mask and positions once per tick and the flow-time embeddings
   once per step (not per head call). The engine itself, with any mechanism, runs its own reasoning loop (the
@@ -41,6 +49,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, fields
@@ -52,10 +61,15 @@ from mmspec.errors import InvalidInputError
 
 from .vla import StepCache
 
-__all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS"]
+__all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
+           "bundled_drafter"]
 
-MECHANISMS = ("vision_cache", "stream", "step_cache", "system")
+MECHANISMS = ("vision_cache", "stream", "step_cache", "system", "spec")
 """The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``)."""
+
+DRAFTER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-drafter")
+"""The bundled reasoning drafter (a GLANCE block head trained with ``mmspec train`` on the bundled VLA's own greedy
+reasoning over the driving world; ``drivers/assets/reproduce.sh``)."""
 
 
 class StreamBreakError(InvalidInputError):
@@ -79,6 +93,11 @@ class FlashDriveConfig:
             were computed attending to the frames before it, which were computed the same way, so information from
             frames long gone reaches the window through the chain; a periodic refresh bounds it (at the cost of a
             full prefill on those ticks).
+        spec: speculative reasoning (exact: greedy verification by the core): ``True`` (a drafter must be found),
+            ``"auto"`` (on when a drafter fits this VLA: ``drafter``, else the bundled one if its fingerprint is the
+            VLA's; off otherwise, said by :meth:`FlashDriveEngine.describe`), ``False``.
+        drafter: the reasoning drafter, a ``make_drafter`` spec (``"glance:DIR"``, ``"glance:DIR;branch_k=2"``) or a
+            folder (read as ``glance:DIR``); ``None``: the bundled :data:`DRAFTER_DIR`.
 
     Example:
         >>> FlashDriveConfig.parse({"step_cache": "fixed", "stream": False}).step_cache
@@ -94,6 +113,8 @@ class FlashDriveConfig:
     system: bool = True
     on_break: str = "reset"
     refresh_every: int = 0
+    spec: object = "auto"
+    drafter: object = None
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
@@ -102,14 +123,17 @@ class FlashDriveConfig:
             raise InvalidInputError(f"on_break must be 'reset' or 'error' (got {self.on_break!r})")
         if isinstance(self.refresh_every, bool) or not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise InvalidInputError(f"refresh_every must be an integer >= 0 (got {self.refresh_every!r})")
+        if self.spec not in (True, False, "auto"):
+            raise InvalidInputError(f"spec must be True, False or 'auto' (got {self.spec!r})")
         if self.stream and not self.vision_cache:
             object.__setattr__(self, "vision_cache", True)  # a kept frame's features are what streaming keeps
         StepCache(self.step_cache or "adaptive", self.threshold, self.cache_steps)  # validates the settings
 
     @classmethod
     def parse(cls, spec) -> "FlashDriveConfig | None":
-        """``True`` (all four), ``False`` / ``None`` (off: plain), a comma list of :data:`MECHANISMS` (each
-        alone or together; ``stream-shift`` is streaming without re-rotation), a dict of fields, or a config.
+        """``True`` (all; speculative reasoning where a drafter fits, ``spec="auto"``), ``False`` / ``None`` (off:
+        plain), a comma list of :data:`MECHANISMS` (each alone or together; ``stream-shift`` is streaming without
+        re-rotation; ``spec`` requires a drafter), a dict of fields, or a config.
 
         Example:
             >>> FlashDriveConfig.parse("stream-shift").rerotate
@@ -131,7 +155,7 @@ class FlashDriveConfig:
             names = [n.strip() for n in spec.split(",") if n.strip()]
             if names == ["flashdrive"] or names == ["all"]:
                 return cls()
-            kw = dict(vision_cache=False, stream=False, step_cache=None, system=False)
+            kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False)
             for n in names:
                 if n == "stream-shift":
                     kw.update(stream=True, rerotate=False)
@@ -150,13 +174,13 @@ class FlashDriveConfig:
     def names(self) -> list:
         """The mechanisms switched on, in :data:`MECHANISMS` order."""
         on = {"vision_cache": self.vision_cache, "stream": self.stream, "step_cache": self.step_cache is not None,
-              "system": self.system}
+              "system": self.system, "spec": bool(self.spec)}
         return [m for m in MECHANISMS if on[m]]
 
     @property
     def exact(self) -> bool:
-        """Whether every mechanism on is exact (the vision cache and the system level are; streaming and step
-        caching approximate)."""
+        """Whether every mechanism on is exact (the vision cache, the system level and greedy-verified speculative
+        reasoning are; streaming and step caching approximate)."""
         return not self.stream and self.step_cache is None
 
     def step_cache_policy(self) -> StepCache | None:
@@ -185,6 +209,16 @@ def rerotate_keys(keys: torch.Tensor, delta: torch.Tensor, rotary_emb) -> torch.
     return (k * cos + rotate_half(k) * sin).to(keys.dtype)
 
 
+def bundled_drafter() -> str | None:
+    """The bundled reasoning drafter's folder (``None`` if this install has none).
+
+    Example:
+        >>> bundled_drafter() is None or os.path.isfile(os.path.join(bundled_drafter(), "config.json"))
+        True
+    """
+    return DRAFTER_DIR if os.path.isfile(os.path.join(DRAFTER_DIR, "config.json")) else None
+
+
 def _frame_key(img) -> str:
     a = np.asarray(img)
     return hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest() + f"{a.shape}"
@@ -204,6 +238,7 @@ class _Stream:
     prefix_len: int
     positions: torch.Tensor  # [3, L_cache]: the position of every cache entry
     age: int = 0  # ticks since the last full prefill
+    hidden: dict | None = None  # speculative reasoning: {layer: [L_cache, H]} the drafter reads, moved like the KV
 
 
 @dataclass
@@ -244,13 +279,43 @@ class FlashDriveEngine:
         self._features: OrderedDict = OrderedDict()  # frame hash -> (features [n, H], grid [3])
         self._templates: dict = {}
         self._stream: _Stream | None = None
-        self.stats = {"vision_hits": 0, "vision_misses": 0, "stream_ticks": 0, "resets": {}}
+        self.stats = {"vision_hits": 0, "vision_misses": 0, "stream_ticks": 0, "resets": {}, "spec_rounds": 0,
+                      "spec_tokens": 0}
         self.last_context = None
+        self.drafter, self.spec_note = self._load_drafter(config)
+        self.hidden_layers = tuple(self.drafter.hidden_layers) if self.drafter is not None else ()
+        self._adapter = None
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Forget the stream (a new clip); the vision cache is content-addressed and stays."""
         self._stream = None
+
+    def _load_drafter(self, config: FlashDriveConfig):
+        """``(drafter or None, note)``: the reasoning drafter ``config`` asks for, bound to the backbone."""
+        from mmspec.errors import DrafterMismatchError
+        from mmspec.registry import make_drafter
+
+        if not config.spec:
+            return None, "off"
+        spec = config.drafter
+        if spec is None:
+            spec = bundled_drafter()
+            if spec is None:
+                if config.spec is True:
+                    raise InvalidInputError("speculative reasoning needs a drafter: none is bundled with this install; "
+                                            "pass drafter='glance:DIR' (trained with mmspec train --kind glance)")
+                return None, "off (no drafter bundled)"
+        if isinstance(spec, str) and os.path.isdir(os.path.expanduser(spec)):
+            spec = f"glance:{spec}"
+        try:
+            drafter = make_drafter(spec, self.backbone)
+        except DrafterMismatchError:
+            if config.spec is True or config.drafter is not None:
+                raise
+            return None, "off (the bundled drafter was trained for another VLA)"
+        drafter.bind(self.backbone)
+        return drafter, f"{drafter.kind}, block of {getattr(drafter, 'num_draft_tokens', '?')} drafts"
 
     # ------------------------------------------------------------------ helpers
     def _sync(self):
@@ -313,12 +378,14 @@ class FlashDriveEngine:
             self._templates[key] = t
         return t
 
-    def _forward(self, embeds, positions, cache, mask=None):
-        """The language model over ``embeds[1, n, H]`` at ``positions[3, n]``; last hidden state ``[1, n, H]``."""
+    def _forward(self, embeds, positions, cache, mask=None, hidden_layers=()):
+        """The language model over ``embeds[1, n, H]`` at ``positions[3, n]``; last hidden state ``[1, n, H]`` and
+        ``{layer: [n, H]}`` of ``hidden_layers`` (``hidden_states`` indices: what the drafter reads)."""
         am = None if mask is None else {"full_attention": mask}
         out = self.lm(inputs_embeds=embeds, position_ids=positions[:, None, :], cache=cache, attention_mask=am,
-                      use_cache=True)
-        return out.last_hidden_state
+                      use_cache=True, output_hidden_states=bool(hidden_layers))
+        hs = {i: out.hidden_states[i][0] for i in hidden_layers}
+        return out.last_hidden_state, hs
 
     def _embed(self, ids, feats_by_token=None):
         emb = self.lm.embed_tokens(ids.to(self.backbone.device))[None]
@@ -390,13 +457,17 @@ class FlashDriveEngine:
         ids_q = tpl.ids.to(dev)[q_idx]
         emb = self._embed(ids_q, ((ids_q == self.image_token_id).nonzero().flatten(), new_feats))
         mask = None
+        k_order = torch.cat(order_cached + [q_idx])  # the prompt index of every cache entry
         if ncam > 1:  # the new frames sit between kept frames in sequence order: attend by original index
-            k_order = torch.cat(order_cached + [q_idx])
             mask = (k_order[None, :] <= q_idx[:, None])[None, None]
             if (self.backbone.config.get_text_config()._attn_implementation or "sdpa") != "sdpa":
                 mask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(
                     ~mask, torch.finfo(emb.dtype).min)
-        hidden = self._forward(emb, tpl.positions[:, q_idx], cache, mask)
+        hidden, hs = self._forward(emb, tpl.positions[:, q_idx], cache, mask, self.hidden_layers)
+        if self.hidden_layers:  # the drafter's states of the kept entries were computed on earlier ticks, as the KV
+            if st.hidden is None:
+                raise RuntimeError("a streamed tick without the kept entries' drafter states")
+            hs = {i: torch.cat([st.hidden[i].index_select(0, keep), h]) for i, h in hs.items()}
         # Slot map for the next tick: kept frames, then the new frames at the end of the kept part.
         slots, at = [], P
         L_kept = keep.shape[0]
@@ -410,7 +481,7 @@ class FlashDriveEngine:
         for c in range(ncam):
             slots[c].append(torch.arange(L_kept + c * nt, L_kept + (c + 1) * nt, device=dev))
         positions = torch.cat(kept_pos + [tpl.positions[:, q_idx]], dim=1)
-        return hidden, slots, L_kept + ncam * nt, positions
+        return hidden, slots, L_kept + ncam * nt, positions, hs, k_order
 
     def _full_prefill(self, tpl: _Template, feats, fpc: int, ncam: int):
         from transformers import DynamicCache
@@ -418,9 +489,9 @@ class FlashDriveEngine:
         dev = self.backbone.device
         emb = self._embed(tpl.ids, (tpl.image_token_index.to(dev), torch.cat([f for f, _ in feats])))
         cache = DynamicCache(config=self.backbone.config.get_text_config())
-        hidden = self._forward(emb, tpl.positions, cache)
+        hidden, hs = self._forward(emb, tpl.positions, cache, hidden_layers=self.hidden_layers)
         slots = [[torch.arange(*tpl.frame_spans[c * fpc + j], device=dev) for j in range(fpc)] for c in range(ncam)]
-        return hidden, cache, slots, tpl.frame_spans[-1][1], tpl.positions
+        return hidden, cache, slots, tpl.frame_spans[-1][1], tpl.positions, hs
 
     # ------------------------------------------------------------------ one tick
     @torch.no_grad()
@@ -445,13 +516,14 @@ class FlashDriveEngine:
         tp0 = time.perf_counter()
         st, self._stream = self._stream, None  # taken: a failure below leaves no half-moved cache behind
         if brk is None:
-            hidden, slots, kept_len, positions = self._stream_prefill(st, tpl, feats, fpc, ncam)
+            hidden, slots, kept_len, positions, hs, order = self._stream_prefill(st, tpl, feats, fpc, ncam)
             cache = st.cache
             self.stats["stream_ticks"] += 1
         else:
             if brk[0] != "off":
                 self.stats["resets"][brk[0]] = self.stats["resets"].get(brk[0], 0) + 1
-            hidden, cache, slots, kept_len, positions = self._full_prefill(tpl, feats, fpc, ncam)
+            hidden, cache, slots, kept_len, positions, hs = self._full_prefill(tpl, feats, fpc, ncam)
+            order = None
         logits = self.backbone.lm_head(hidden[:, -1])
         self._sync()
         tp1 = time.perf_counter()
@@ -459,16 +531,12 @@ class FlashDriveEngine:
         # generate leaves it), which the action expert reads.
         first_logits = logits[0].float().clone()
         dev = self.backbone.device
-        new, pos = [], tpl.next_position
-        while True:
-            tok = int(logits[0].argmax())
-            new.append(tok)
-            if tok in self.eos or len(new) >= self.max_reasoning_tokens:
-                break
-            emb = self.lm.embed_tokens(torch.tensor([[tok]], device=dev))
-            hidden = self._forward(emb, torch.full((3, 1), pos, device=dev, dtype=torch.long), cache)
-            logits = self.backbone.lm_head(hidden[:, -1])
-            pos += 1
+        rounds = None
+        if self.drafter is not None:
+            new, rounds = self._decode_spec(logits, cache, tpl, hs, order, [g for _, g in feats])
+        else:
+            new = self._decode(logits, cache, tpl)
+        pos = tpl.next_position + len(new) - 1
         self._sync()
         td1 = time.perf_counter()
         L = cache.get_seq_length()
@@ -492,20 +560,116 @@ class FlashDriveEngine:
             self._stream = _Stream(int(tick), tuple(cameras),
                                    [keys[c * fpc:(c + 1) * fpc] for c in range(ncam)], tpl.ids[: tpl.prefix_len],
                                    tpl.frame_spans[0][1] - tpl.frame_spans[0][0], cache, slots, tpl.prefix_len,
-                                   positions[:, :kept_len], age=(st.age + 1) if brk is None else 0)
+                                   positions[:, :kept_len], age=(st.age + 1) if brk is None else 0,
+                                   hidden={i: h[:kept_len] for i, h in hs.items()} if hs else None)
         text = self.processor.tokenizer.decode(new, skip_special_tokens=True)
         timings = {"encode": te1 - te0, "preprocess": (te0 - t0) + (tp0 - te1), "prefill": tp1 - tp0,
                    "decode": td1 - tp1, "action": ta1 - td1, "total": ta1 - t0}
-        return {"reasoning": text, "actions": torch.cat(acts).float().cpu().numpy(), "num_decode_tokens": len(new),
-                "timings_ms": {k: v * 1e3 for k, v in timings.items()}, "stream": "reuse" if brk is None else brk[1],
-                "head_calls": calls_timed, "first_logits": first_logits.cpu()}
+        out = {"reasoning": text, "actions": torch.cat(acts).float().cpu().numpy(), "num_decode_tokens": len(new),
+               "timings_ms": {k: v * 1e3 for k, v in timings.items()}, "stream": "reuse" if brk is None else brk[1],
+               "head_calls": calls_timed, "first_logits": first_logits.cpu(), "tokens": list(new)}
+        if rounds is not None:
+            out["spec_rounds"] = rounds  # target passes after the prefill (plain greedy: num_decode_tokens - 1)
+        return out
+
+    # ------------------------------------------------------------------ reasoning
+    def _done(self, new: list) -> bool:
+        return new[-1] in self.eos or len(new) >= self.max_reasoning_tokens
+
+    def _decode(self, logits, cache, tpl: _Template) -> list:
+        """Greedy reasoning, one token per pass: the cache ends up holding the prompt and every generated token but
+        the last (as ``generate`` leaves it), which the action expert reads."""
+        dev = self.backbone.device
+        new, pos = [], tpl.next_position
+        while True:
+            new.append(int(logits[0].argmax()))
+            if self._done(new):
+                return new
+            emb = self.lm.embed_tokens(torch.tensor([[new[-1]]], device=dev))
+            hidden, _ = self._forward(emb, torch.full((3, 1), pos, device=dev, dtype=torch.long), cache)
+            logits = self.backbone.lm_head(hidden[:, -1])
+            pos += 1
+
+    def _decode_spec(self, logits, cache, tpl: _Template, hs: dict, order, grids) -> tuple:
+        """Speculative greedy reasoning: the drafter proposes a block (a tree) per round from the tick's states,
+        the core's :class:`~mmspec.target.TargetAdapter` scores it in one pass over this tick's cache, the core's
+        greedy rule accepts, the adapter commits. Returns ``(tokens, rounds)``; the cache ends as :meth:`_decode`
+        leaves it (prompt + every token but the last), so the action expert reads the same context.
+
+        ``hs``: the drafter's layers over the prompt in cache order, ``order`` the prompt index of each cache entry
+        (``None``: cache order is prompt order)."""
+        from mmspec.acceptance import get_rule
+        from mmspec.drafters.base import DraftContext, RoundResult
+        from mmspec.positions import StreamPositions
+        from mmspec.target import TargetAdapter, TargetState
+
+        dev = self.backbone.device
+        new = [int(logits[0].argmax())]
+        if self._done(new):
+            return new, 0
+        if self._adapter is None:
+            self._adapter = TargetAdapter(self.backbone, hidden_layers=self.hidden_layers)
+            self._rule = get_rule(None, do_sample=False)
+        adapter, rule, drafter = self._adapter, self._rule, self.drafter
+        L0 = cache.get_seq_length()
+        ids = tpl.ids
+        plen = int(ids.shape[0])
+        if order is not None:  # the drafter reads the prompt in its own order (its positions are the prompt's)
+            hs = {i: torch.empty_like(h).index_copy_(0, order, h) for i, h in hs.items()}
+        mm = (ids == self.image_token_id).long()[None].to(dev)
+        model_inputs = {"input_ids": ids[None].to(dev), "attention_mask": torch.ones(1, plen, dtype=torch.long,
+                                                                                         device=dev),
+                        "mm_token_type_ids": mm, "image_grid_thw": torch.stack([g.to(dev) for g in grids])}
+        seq = np.empty(plen + self.max_reasoning_tokens, dtype=np.int64)
+        seq[:plen] = ids.numpy()
+        seq[plen] = new[0]
+        state = TargetState(cache=cache, valid=torch.ones(1, L0, dtype=torch.bool, device=dev),
+                            positions=StreamPositions(torch.full((3, 1, 1), tpl.next_position - 1, device=dev)),
+                            pending=torch.tensor([new[0]], device=dev),
+                            new_type_ids={"mm_token_type_ids": torch.zeros(1, 1, dtype=torch.long, device=dev)})
+
+        def context(hidden):
+            return DraftContext(sequences=[seq[: plen + len(new)]], rows=[0],
+                                remaining=[self.max_reasoning_tokens - len(new)], prompt_lengths=[plen],
+                                hidden=hidden, model_inputs=model_inputs)
+
+        ctx = context({i: h[None] for i, h in hs.items()})
+        drafter.begin(ctx)
+        rounds = 0
+        while True:
+            tree = drafter.propose(ctx)[0].prune(ctx.remaining[0] - 1)
+            out, _ = adapter.score(state, [tree])
+            rounds += 1
+            res = rule.accept_batch([tree], out.logits)[0]
+            kept, done = [], False
+            for t in [int(tree.tokens[j]) for j in res.path] + [res.next_token]:
+                seq[plen + len(new)] = t
+                new.append(t)
+                kept.append(t)
+                if self._done(new):
+                    done = True
+                    break
+            adapter.commit(state, [res.path], torch.tensor([res.next_token]))
+            if done:
+                break
+            prev, ctx = ctx, context(out.hidden_states)
+            drafter.observe(prev, RoundResult(trees=[tree], paths=[res.path], next_tokens=[res.next_token],
+                                              finished=[False], committed=[kept], scores=out.logits))
+        extra = cache.get_seq_length() - (L0 + len(new) - 1)
+        if extra > 0:  # a stop inside the accepted path: the tokens after it are not the VLA's
+            cache.crop(-extra)
+        self.stats["spec_rounds"] += rounds
+        self.stats["spec_tokens"] += len(new) - 1
+        return new, rounds
 
     def describe(self) -> str:
         c = self.config
-        parts = self.config.names()
+        parts = [m for m in self.config.names() if m != "spec" or self.drafter is not None]
         extra = []
         if c.stream:
             extra.append("re-rotated" if c.rerotate else "shifted (no re-rotation)")
         if c.step_cache:
             extra.append(repr(self.step_cache))
+        if c.spec:
+            extra.append(f"spec: {self.spec_note}")
         return "+".join(parts) + (f" ({', '.join(extra)})" if extra else "")

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -56,17 +57,22 @@ class DrivingPipeline(MMSpecPipeline):
         cameras: camera names the frames come from (in order, each with the same number of frames); default
             the cameras the model was trained on.
         max_reasoning_tokens: cap on the reasoning length.
-        flashdrive: FlashDrive's mechanisms (:mod:`mmspec.drivers.flashdrive`): ``True`` for all four, a comma
-            list (``"stream"``, ``"vision_cache,system"``, ``"step_cache"``...), a dict of
+        flashdrive: FlashDrive's mechanisms (:mod:`mmspec.drivers.flashdrive`): ``True`` for all (speculative
+            reasoning where a drafter fits the VLA), a comma list (``"stream"``, ``"vision_cache,system"``,
+            ``"step_cache"``, ``"spec"``...), a dict of
             :class:`~mmspec.drivers.flashdrive.FlashDriveConfig` fields or a config; ``None`` (default) is the
             plain pipeline (``generate``). With streaming, pass ``tick=`` to :meth:`step` and call :meth:`reset`
             between clips (a tick that does not continue the stream resets it, or raises under
             ``on_break="error"``).
 
+    ``from_pretrained(folder, drafter=...)`` (``"glance:DIR"``, a folder, or ``"auto"`` for the bundled one)
+    turns on FlashDrive's speculative reasoning (with the exact mechanisms, or over ``flashdrive=``'s).
+
     Example:
         >>> pipe = DrivingPipeline.from_pretrained("drivers/assets/driving-vla")      # doctest: +SKIP
         >>> pipe.cameras, pipe.frames_per_camera                                      # doctest: +SKIP
         (('front',), 4)
+        >>> pipe = DrivingPipeline.from_pretrained("drivers/assets/driving-vla", drafter="auto")  # doctest: +SKIP
     """
 
     task = "driving"
@@ -119,10 +125,14 @@ class DrivingPipeline(MMSpecPipeline):
                      **kw):
         from .train_vla import DrivingVLA
 
-        if drafter is not None:
-            raise InvalidInputError("the driving pipeline has no speculative drafter yet (FlashDrive's comes with "
-                                    "the driving issues); load it without drafter=")
         flashdrive = kw.pop("flashdrive", None)
+        if drafter is not None:  # a reasoning drafter is FlashDrive's speculative reasoning (exact) on the engine
+            from .flashdrive import FlashDriveConfig
+
+            if drafter == "auto":
+                drafter = None  # the bundled drafter
+            base = FlashDriveConfig.parse(flashdrive) or FlashDriveConfig.parse("vision_cache,system")
+            flashdrive = dataclasses.replace(base, spec=True, drafter=drafter)
         if kw:
             raise InvalidInputError(f"the driving pipeline takes no further loading arguments but flashdrive= "
                                     f"(got {sorted(kw)})")
@@ -153,6 +163,25 @@ class DrivingPipeline(MMSpecPipeline):
             except InvalidImageError as e:
                 raise InvalidImageError(f"frame {i}: {e}") from e
         return images
+
+    def prepare(self, images=None, prompt=None) -> dict:
+        """The backbone's processor inputs for one request (chat template, frames), exactly as a plain :meth:`step`
+        sends them to ``generate``: what ``mmspec train`` (whose data stage calls ``pipe.prepare``) regenerates the
+        VLA's own reasoning from, so a reasoning drafter (``--kind glance --workloads driving``) learns from the
+        states it meets at run time.
+
+        Example:
+            >>> ex = get_workload("driving").example("train", 0)                       # doctest: +SKIP
+            >>> pipe.prepare(images=ex.images, prompt=ex.prompt)["input_ids"].shape    # doctest: +SKIP
+            torch.Size([1, 279])
+        """
+        from mmspec.vision.testbed import make_batch
+        from mmspec.workloads import Example
+
+        if not isinstance(prompt, str) or not prompt:
+            raise InvalidInputError("the driving pipeline prepares one request: a non-empty prompt string")
+        images = self._frames(list(images or []))
+        return make_batch(self.vla.processor, [Example(id="", prompt=prompt, target="", images=images)], train=False)
 
     @staticmethod
     def _history(ego_history) -> np.ndarray:
@@ -195,11 +224,11 @@ class DrivingPipeline(MMSpecPipeline):
         """One tick. ``frames``: PIL images or arrays (per camera, oldest first); ``ego_history[16, 3]``
         (x, y, yaw in the current ego frame); ``speed`` in m/s; ``tick`` the tick index in the clip (what
         FlashDrive's streaming checks continuity by); ``cameras`` this tick's cameras (default the pipeline's).
-        Returns ``reasoning``, ``trajectory[64, 2]`` (the first sample), ``trajectories[num_samples, 64, 2]``,
-        ``actions``, ``num_decode_tokens`` and ``timings_ms`` (``preprocess``, ``encode``, ``prefill``,
+        Returns ``reasoning`` (and its token ids, ``tokens``), ``trajectory[64, 2]`` (the first sample),
+        ``trajectories[num_samples, 64, 2]``, ``actions``, ``num_decode_tokens`` and ``timings_ms`` (``preprocess``, ``encode``, ``prefill``,
         ``decode``, ``action``, ``total``: one trajectory, as a car executes; further samples for minADE are
         drawn after the clock stops); with ``flashdrive`` also ``stream`` (``"reuse"`` or why a full prefill ran)
-        and ``head_calls``.
+        and ``head_calls``, and with speculative reasoning ``spec_rounds`` (target passes after the prefill).
 
         Frames may be paths, PIL images or arrays (uint8, or floats in ``[0, 1]``), read by the same loader as
         the VLM pipeline's images. Raises :class:`~mmspec.InvalidInputError` (before the model runs) on a
@@ -284,5 +313,6 @@ class DrivingPipeline(MMSpecPipeline):
         timings = {"preprocess": t_pre - t0, "encode": times["encode"], "prefill": prefill,
                    "decode": sum(times["model"][1:]), "action": t_end - t_gen, "total": t_end - t0}
         return {"reasoning": text, "trajectory": trajs[0], "trajectories": trajs, "actions": acts.float().cpu().numpy(),
-                "num_decode_tokens": int(len(new)), "timings_ms": {k: v * 1e3 for k, v in timings.items()},
+                "num_decode_tokens": int(len(new)), "tokens": new.tolist(),
+                "timings_ms": {k: v * 1e3 for k, v in timings.items()},
                 "first_logits": out.logits[0][0].float().cpu()}

@@ -37,7 +37,7 @@ from .world import DT, LABELS, LOOKAHEAD_M
 
 __all__ = ["DrivingVLA", "RoadReader", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla",
            "vla_losses", "constant_velocity", "closed_loop", "model_policy", "collect_rollouts", "score_step",
-           "summarize_scores", "bundled_vla", "export_vla"]
+           "summarize_scores", "bundled_vla", "export_vla", "streaming_attention_mask"]
 
 PATCH, MERGE = 14, 2
 VLA_SIZES = {
@@ -174,17 +174,58 @@ class RoadReader(torch.nn.Module):
         return torch.stack(rows)
 
 
-def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=None) -> dict:
+def streaming_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, vision_start_id: int,
+                             vision_end_id: int) -> torch.Tensor:
+    """``bool[B, 1, L, L]``: causal attention over real tokens, except that a frame's tokens (``<vision_start>`` to
+    ``<vision_end>``) see no other frame, only the tokens before the first frame and their own frame.
+
+    Why: FlashDrive's streaming reuse keeps a frame's KV for the ticks after it entered the window, while the frames
+    before it leave one by one; a frame computed attending only to the prompt head and itself carries nothing of
+    frames that have left (the authors fine-tune with such a mask). The text after the frames sees everything.
+
+    Example:
+        >>> ids = torch.tensor([[9, 3, 5, 4, 3, 5, 4, 8]])                # head, two frames, text
+        >>> m = streaming_attention_mask(ids, torch.ones_like(ids), 3, 4)[0, 0]
+        >>> m[5].int().tolist(), m[7].int().tolist()                      # second frame; text
+        ([1, 0, 0, 0, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1])
+    """
+    B, L = input_ids.shape
+    starts = (input_ids == vision_start_id).long().cumsum(1)
+    ends = (input_ids == vision_end_id).long().cumsum(1)
+    inside = starts > ends
+    frame = torch.where(inside | (input_ids == vision_end_id), starts, torch.zeros_like(starts))  # 0: not a frame
+    causal = torch.ones(L, L, dtype=torch.bool, device=input_ids.device).tril()
+    valid = attention_mask.bool()
+    allowed = causal[None] & valid[:, None, :] & valid[:, :, None]
+    other_frame = (frame[:, :, None] > 0) & (frame[:, None, :] > 0) & (frame[:, :, None] != frame[:, None, :])
+    allowed &= ~other_frame
+    idx = torch.arange(L, device=input_ids.device)
+    allowed[:, idx, idx] |= True  # padded rows keep one key: no all-masked softmax row
+    return allowed[:, None]
+
+
+def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=None, stream_mask: bool = False) -> dict:
     """The training losses on ``examples`` (driving items with ``meta["labels"]``): ``lm``, ``aux``, ``flow``,
-    and ``road`` (mean squared error in units of :data:`ROAD_SCALE_M`) when a :class:`RoadReader` is given."""
+    and ``road`` (mean squared error in units of :data:`ROAD_SCALE_M`) when a :class:`RoadReader` is given.
+    ``stream_mask``: the backbone attends under :func:`streaming_attention_mask` (the positions stay the
+    prompt's own)."""
     from mmspec.vision.testbed import make_batch
 
     batch = make_batch(vla.processor, examples)
     captured = {}
     hook = vla.backbone.model.visual.register_forward_hook(
         lambda m, a, out: captured.__setitem__("h", out.pooler_output))
+    kw = dict(batch)
+    if stream_mask:
+        cfg = vla.backbone.config
+        pos, _ = vla.backbone.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
+                                                   image_grid_thw=batch["image_grid_thw"],
+                                                   attention_mask=batch["attention_mask"])
+        kw["position_ids"] = pos
+        kw["attention_mask"] = {"full_attention": streaming_attention_mask(
+            batch["input_ids"], batch["attention_mask"], cfg.vision_start_token_id, cfg.vision_end_token_id)}
     try:
-        out = vla.backbone(**batch, use_cache=True)
+        out = vla.backbone(**kw, use_cache=True)
     finally:
         hook.remove()
     grids = batch["image_grid_thw"][:, 1:].tolist()
@@ -216,7 +257,9 @@ class VLATrainConfig:
     share of training items with a perturbed lead-in and the expert's recovery (see ``DrivingWorkload``);
     ``road_weight`` weighs the :class:`RoadReader` loss (0: none), which makes the vision tower say where the
     road runs ahead: without it the VLA steered from its history and drifted off the road in closed loop;
-    ``rollouts`` (a :func:`collect_rollouts` file) makes a ``rollout_fraction`` of the items DAgger items."""
+    ``rollouts`` (a :func:`collect_rollouts` file) makes a ``rollout_fraction`` of the items DAgger items;
+    ``stream_mask`` is the share of steps trained under :func:`streaming_attention_mask` (FlashDrive's streaming
+    fine-tuning; the rest keep the causal mask that plain inference uses)."""
 
     out: str = "driving-vla"
     size: str = "small"
@@ -237,6 +280,7 @@ class VLATrainConfig:
     road_weight: float = 0.0
     rollouts: str = ""
     rollout_fraction: float = 0.5
+    stream_mask: float = 0.0
 
 
 def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
@@ -287,8 +331,9 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     for step in bar:
         t0 = time.perf_counter()
         gen.manual_seed(cfg.seed * 1_000_003 + step)  # resumable: the noise of step s does not depend on history
+        masked = cfg.stream_mask > 0 and (step * 0.6180339887) % 1.0 < cfg.stream_mask  # spread evenly, resumable
         losses = vla_losses(vla, wl.examples("train", cfg.batch_size, start=step * cfg.batch_size), reader, gen,
-                            road_reader)
+                            road_reader, stream_mask=masked)
         loss = losses["lm"] + cfg.aux_weight * losses["aux"] + cfg.action_weight * losses["flow"]
         if road_reader is not None:
             loss = loss + cfg.road_weight * losses["road"]

@@ -133,6 +133,132 @@ def test_exact_mechanisms_equal_plain_generate(two_layer, world):
     assert exact.engine.stats["vision_hits"] == 3 and exact.engine.stats["vision_misses"] == 5
 
 
+def _glance(vla, layer_ids=(1, 2), **kw):
+    """An untrained GLANCE head for ``vla`` (exactness does not depend on what it learnt)."""
+    from mmspec.vision.glance import GlanceDrafter
+
+    return GlanceDrafter.from_target(vla.backbone, layer_ids=layer_ids, block_size=5, seed=0, anchor_feature="all", **kw)
+
+
+SPEC = {"stream": False, "step_cache": None, "spec": True}
+
+
+@pytest.mark.parametrize("branch_k", [1, 3])
+def test_speculative_reasoning_equals_the_vlas_own_greedy(two_layer, world, branch_k):
+    """A block drafter's chain or tree, verified by the core over the tick's cache: token for token the VLA's own
+    greedy reasoning (generate), and the action expert reads the same context (same trajectory, same noise)."""
+    plain = _pipe(two_layer)
+    spec = _pipe(two_layer, {**SPEC, "drafter": _glance(two_layer, branch_k=branch_k)})
+    spec.max_reasoning_tokens = spec.engine.max_reasoning_tokens = plain.max_reasoning_tokens = 9
+    assert spec.flashdrive.exact and "spec" in spec.engine.describe()
+    for k in (20, 21):
+        ref, got = _step(plain, world, k), _step(spec, world, k)
+        assert got["tokens"] == ref["tokens"] and got["reasoning"] == ref["reasoning"]
+        assert 1 <= got["spec_rounds"] <= len(got["tokens"]) - 1
+        assert np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    from mmspec.drivers.train_vla import DrivingVLA, bundled_vla
+
+    if bundled_vla() is None:
+        pytest.skip("no bundled driving VLA")
+    return DrivingVLA.from_pretrained(bundled_vla(), dtype=torch.float32).eval()
+
+
+@pytest.mark.slow
+def test_speculative_reasoning_accepts_and_stops_inside_a_block(bundled):
+    """On the bundled VLA (real end-of-reasoning tokens) an oracle drafter proposing the true reasoning and then
+    junk: whole blocks are accepted, the end token is accepted inside a block (the tokens drafted after it must
+    leave the cache before the action expert reads it), a noisy tree exercises every rejection depth."""
+    from mmspec.drafters.oracle import NoisyOracleDrafter
+    from mmspec.workloads import get_workload
+
+    from mmspec.drivers import DrivingPipeline
+
+    plain = DrivingPipeline(bundled)
+    oracle = NoisyOracleDrafter([[0]], depth=6, corrupt_p=0.0, vocab_size=bundled.backbone.config.text_config.vocab_size)
+    spec = DrivingPipeline(bundled, flashdrive={**SPEC, "drafter": oracle})
+    examples = get_workload("driving").examples("test", 2)
+    inside = 0
+    for i, ex in enumerate(examples):
+        ref = plain.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=i)
+        for p, extra in ((0.0, 0), (0.4, 2)):
+            oracle.reference, oracle.corrupt_p, oracle.extra_branches = [ref["tokens"] + [7, 8, 9, 10, 11, 12]], p, extra
+            got = spec.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=i)
+            assert got["tokens"] == ref["tokens"]
+            assert np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
+            if p == 0.0:
+                assert got["spec_rounds"] == -(-(len(ref["tokens"]) - 1) // 7)  # 6 drafts + 1 bonus per pass
+                inside += (len(ref["tokens"]) - 1) % 7 != 0
+    assert inside  # at least one reasoning ended inside an accepted block
+
+
+def test_streaming_speculative_reasoning_reads_the_prompt_in_prompt_order(one_layer, world):
+    """With streaming over two cameras the cache holds the new frames after the kept ones; the drafter must still
+    get its states in prompt order: its layer-0 states (embeddings, exact under streaming) equal a full
+    prefill's, and the reasoning equals the stream's own greedy reasoning (verification is exact on any cache)."""
+    cams = ("front", "left")
+    seen = []
+
+    from mmspec.vision.glance import GlanceDrafter
+
+    class Recorder(GlanceDrafter):
+        def begin(self, ctx):
+            seen.append(ctx.hidden[0][0].clone())
+            super().begin(ctx)
+
+    d = Recorder.from_target(one_layer.backbone, layer_ids=(0, 1), block_size=4, seed=0)
+    both = {**STREAM, "spec": True, "drafter": d}
+    spec, stream = _pipe(one_layer, both, cams), _pipe(one_layer, STREAM, cams)
+    fresh = _pipe(one_layer, {**both, "stream": False}, cams)
+    for k in (20, 21):
+        got, ref = _step(spec, world, k, cams, tick=k), _step(stream, world, k, cams, tick=k)
+        assert got["tokens"] == ref["tokens"] and got["stream"] == ref["stream"]
+    assert got["stream"] == "reuse"
+    _step(fresh, world, 21, cams, tick=21)
+    assert seen[1].shape == seen[2].shape and torch.allclose(seen[1], seen[2], atol=1e-6)
+
+
+def test_streaming_attention_mask_matches_a_written_out_reference():
+    """FlashDrive's fine-tuning mask: causal over real tokens, a frame sees the head and itself, never another frame;
+    text after the frames sees all (checked against plain loops, with a left-padded row)."""
+    from mmspec.drivers.train_vla import streaming_attention_mask
+
+    S, E = 3, 4
+    rows = [[9, 9, S, 5, 5, E, S, 5, 5, E, S, 5, E, 8, 8], [0, 0, 0, 9, S, 5, E, S, 5, 5, E, 8, 8, 8, 8]]
+    ids = torch.tensor(rows)
+    valid = torch.tensor([[1] * 15, [0] * 3 + [1] * 12])
+    got = streaming_attention_mask(ids, valid, S, E)[:, 0]
+    for b, row in enumerate(rows):
+        frame, k = [], 0
+        inside = False
+        for t in row:
+            if t == S:
+                k, inside = k + 1, True
+            frame.append(k if inside else 0)
+            if t == E:
+                inside = False
+        for q in range(len(row)):
+            for j in range(len(row)):
+                want = j <= q and bool(valid[b, q]) and bool(valid[b, j])
+                if frame[q] and frame[j] and frame[q] != frame[j]:
+                    want = False
+                want = want or q == j
+                assert bool(got[b, q, j]) == want, (b, q, j)
+
+
+def test_spec_auto_is_off_without_a_fitting_drafter(two_layer):
+    from mmspec.drivers.flashdrive import FlashDriveConfig
+
+    pipe = _pipe(two_layer, True)  # the bundled drafter, if any, was trained for another VLA
+    assert pipe.engine.drafter is None and "spec" not in pipe.engine.describe().split(" (")[0]
+    assert FlashDriveConfig.parse("spec").spec is True
+    with pytest.raises(InvalidInputError):
+        FlashDriveConfig(spec="sometimes")
+
+
 def test_reset_semantics(one_layer, world):
     """A gap, an out-of-order or repeated tick, frames that do not continue the window, changed cameras and a
     missing tick index each reset to a full prefill (equal to plain) or, with on_break='error', raise."""
@@ -222,9 +348,11 @@ def test_flashdrive_config_parsing():
 
     assert FlashDriveConfig.parse(None) is None and FlashDriveConfig.parse(False) is None
     full = FlashDriveConfig.parse(True)
-    assert full.names() == ["vision_cache", "stream", "step_cache", "system"] and not full.exact
+    assert full.names() == ["vision_cache", "stream", "step_cache", "system", "spec"] and not full.exact
+    assert full.spec == "auto"  # speculative reasoning where a drafter fits the VLA
     assert FlashDriveConfig.parse("system").names() == ["system"] and FlashDriveConfig.parse("system").exact
-    for bad in ("warp", {"nope": 1}, {"step_cache": "sometimes"}, {"on_break": "ignore"}, 3):
+    assert FlashDriveConfig.parse("vision_cache,system,spec").exact  # greedy verification: exact
+    for bad in ("warp", {"nope": 1}, {"step_cache": "sometimes"}, {"on_break": "ignore"}, {"spec": "maybe"}, 3):
         with pytest.raises(InvalidInputError):
             FlashDriveConfig.parse(bad)
 
