@@ -138,7 +138,7 @@ class SpatialDrafter(TrainableDrafter):
         if seed is not None:
             torch.manual_seed(seed)
         d = cls(hidden_size=int(text.hidden_size), n_codes=vocab - offset, height=height, width=width, layer_id=layer,
-                fingerprint=target_fingerprint(target, tokenizer, (layer,)), **kw)
+                fingerprint=_fingerprint(target, tokenizer, (layer,)), **kw)
         emb, out = target.get_input_embeddings(), target.get_output_embeddings()
         with torch.no_grad():
             if emb is not None and emb.weight.shape[0] == vocab:
@@ -149,7 +149,12 @@ class SpatialDrafter(TrainableDrafter):
         return d.to(dev).eval()
 
     def bind(self, model) -> None:
-        super().bind(model)
+        if self.fingerprint:
+            actual = _fingerprint(model, None, self.fingerprint.get("layer_ids", ()))
+            diffs = [f"{k}: trained for {v!r}, got {actual[k]!r}" for k, v in self.fingerprint.items()
+                     if k in actual and actual[k] != v]
+            if diffs:
+                raise DrafterMismatchError(f"this spatial head was trained for another target ({'; '.join(diffs)})")
         gc = getattr(model, "generation_config", None)
         self.offset = int(getattr(gc, "image_code_offset", 0) or 0)
         self.vocab = int(model.config.get_text_config(decoder=True).vocab_size)
@@ -382,7 +387,8 @@ def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, *
         if options:
             raise InvalidInputError(f"unknown options for a saved spatial drafter: {sorted(options)}")
         device = target_model.device if target_model is not None and target_model.device.type != "meta" else None
-        drafter = SpatialDrafter.from_pretrained(path, target=target_model, tokenizer=tokenizer, device=device)
+        # The fingerprint is checked by bind (make_drafter binds), which also reads Janus's image mode.
+        drafter = SpatialDrafter.from_pretrained(path, device=device)
     else:
         if target_model is None:
             raise InvalidInputError("'spatial;untrained=true' builds a head for a target: none was given")
@@ -391,6 +397,9 @@ def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, *
         except TypeError as e:
             raise InvalidInputError(f"bad spatial drafter options {sorted(options)}: {e}") from e
     _check_run_options(run)
+    reach = drafter.head.dv_embed.num_embeddings - 1
+    if run.get("k_v", 0) > reach:
+        raise InvalidInputError(f"this spatial head was trained for k_v <= {reach} (got k_v={run['k_v']})")
     for k, v in run.items():
         setattr(drafter, k, v)
     return drafter
@@ -413,13 +422,19 @@ def bundled_spatial_head(target_model) -> str | None:
         return None
     with open(os.path.join(path, "config.json")) as f:
         fp = json.load(f).get("target_fingerprint", {})
-    try:
-        from mmspec.drafters.saving import check_fingerprint
+    actual = _fingerprint(target_model, None, fp.get("layer_ids", ()))
+    return path if all(actual.get(k, v) == v for k, v in fp.items()) else None
 
-        check_fingerprint(fp, target_model)
-    except DrafterMismatchError:
-        return None
-    return path
+
+def _fingerprint(target, tokenizer, layer_ids) -> dict:
+    """:func:`~mmspec.drafters.saving.target_fingerprint`, also for a target without an output embedding (Janus's
+    image mode: its codes leave through a generation head), whose vocabulary is then its config's."""
+    if target.get_output_embeddings() is not None:
+        return target_fingerprint(target, tokenizer, layer_ids)
+    text = target.config.get_text_config(decoder=True)
+    return {"model_type": target.config.model_type, "hidden_size": int(text.hidden_size),
+            "vocab_size": int(text.vocab_size), "num_hidden_layers": int(text.num_hidden_layers),
+            "layer_ids": [int(i) for i in layer_ids]}
 
 
 def check_spec(spec: str) -> None:

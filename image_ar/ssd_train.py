@@ -34,28 +34,39 @@ _OPTIONS = {"k_h": int, "k_v": int, "draft_len": int, "num_layers": int, "interm
             "rounds_per_record": int}
 
 
-@torch.no_grad()
-def spatial_record(model, inputs: dict, n_codes: int, seed: int, cfg_scale: float = 1.0, tokenizer=None) -> dict:
-    # cfg_scale > 1 needs the tokenizer (the unconditional rows); the trainer samples without guidance.
+def spatial_record(model, inputs: dict, n_codes: int, seed: int) -> dict:
     """One record from one request (``input_ids`` / ``attention_mask`` of one prompt): the target's own sample of
-    ``n_codes`` codes and its last-layer states before each (module docstring).
+    ``n_codes`` codes (temperature 1, no guidance) and its last-layer states and code logits before each (module
+    docstring).
 
     Example:
         >>> rec = spatial_record(model, {"input_ids": ids, "attention_mask": mask}, 256, seed=0)  # doctest: +SKIP
-        >>> rec["tokens"].shape, rec["feats"].shape                                              # doctest: +SKIP
-        (torch.Size([256]), torch.Size([256, 192]))
+        >>> rec["tokens"].shape, rec["feats"].shape, rec["logits"].shape                         # doctest: +SKIP
+        (torch.Size([256]), torch.Size([256, 192]), torch.Size([256, 256]))
     """
+    return spatial_records(model, inputs["input_ids"], inputs["attention_mask"], n_codes, seed)[0]
+
+
+def _ids(tok, prompts):
+    from .generator import _request_ids
+
+    return _request_ids(tok, prompts)
+
+
+@torch.no_grad()
+def spatial_records(model, ids, mask, n_codes: int, seed: int) -> list:
+    """:func:`spatial_record` for a left-padded batch of requests in one AR loop (one generator for the batch)."""
     from .generator import _with_codes, generate_codes
 
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
     offset = int(model.generation_config.image_code_offset)
     g = torch.Generator(device=ids.device).manual_seed(seed)
-    codes = generate_codes(model, ids, mask, tokenizer, n_codes, cfg_scale=cfg_scale, generator=g, do_sample=True)
+    codes = generate_codes(model, ids, mask, None, n_codes, cfg_scale=1.0, generator=g, do_sample=True)
     seq, full, pos = _with_codes(ids, mask, codes[:, :-1] + offset)
     out = model(input_ids=seq, attention_mask=full, position_ids=pos, output_hidden_states=True)
-    feats = out.hidden_states[-1][0, ids.shape[1] - 1:]  # before code 0 (<boi>) .. before code N-1
-    logits = out.logits[0, ids.shape[1] - 1:, offset:]  # the target's (unguided) code logits at each slot
-    return {"tokens": codes[0].cpu(), "feats": feats.to(torch.float16).cpu(), "logits": logits.to(torch.float16).cpu()}
+    p = ids.shape[1] - 1  # left padding: every prompt ends here
+    feats, logits = out.hidden_states[-1][:, p:], out.logits[:, p:, offset:]
+    return [{"tokens": codes[i].cpu(), "feats": feats[i].to(torch.float16).cpu(),
+             "logits": logits[i].to(torch.float16).cpu()} for i in range(ids.shape[0])]
 
 
 def collate_spatial(records: list) -> dict:
@@ -143,12 +154,48 @@ class SpatialTrainer(Trainer):
                                           draft_len=int(o.get("draft_len", cfg.num_draft_tokens)), **shape)
 
     def record(self, cfg, model, inputs, layer_ids) -> dict:
+        """One record per request, sampled in batches: the data stage asks for the workload's items in order, so
+        the first request of a batch samples the next ``shard_size`` prompts together (one AR loop at batch
+        ``shard_size`` instead of that many at batch 1) and later requests are served from that batch."""
         grid = getattr(model.generation_config, "image_grid", None)
         if not grid:
             raise InvalidInputError("the target names no image grid (generation_config.image_grid)")
-        ids = inputs["input_ids"]
-        seed = cfg.seed * 1_000_003 + int(ids.sum()) * 31 + ids.shape[1]  # per prompt, reproducible
-        return spatial_record(model, inputs, int(grid) ** 2, seed)
+        key = tuple(inputs["input_ids"][0].tolist())
+        cache = self.__dict__.setdefault("_batch", {})
+        if not cache.get(key):
+            cache.clear()
+            cache.update(self._sample_batch(cfg, model, key, int(grid) ** 2))
+        return cache[key].pop(0)
+
+    def _sample_batch(self, cfg, model, key: tuple, n_codes: int) -> dict:
+        from mmspec.workloads import get_workload
+
+        if not hasattr(self, "_prompts"):
+            wl = get_workload("images")
+            self._prompts = [wl.example(cfg.split, k).prompt for k in range(cfg.n_train)]
+            self._next = 0
+        tok = self._tokenizer(cfg)
+        start = self._next
+        for k in range(self._next, len(self._prompts)):  # the request's item: the first unserved match
+            if tuple(_ids(tok, [self._prompts[k]])[0][0].tolist()) == key:
+                start = k
+                break
+        prompts = self._prompts[start: start + cfg.shard_size]
+        self._next = start + len(prompts)
+        ids, mask = _ids(tok, prompts)
+        recs = spatial_records(model, ids.to(model.device), mask.to(model.device), n_codes,
+                               seed=cfg.seed * 1_000_003 + start)
+        out: dict = {}
+        for i, r in enumerate(recs):
+            out.setdefault(tuple(ids[i][mask[i].bool()].tolist()), []).append(r)
+        return out
+
+    def _tokenizer(self, cfg):
+        if not hasattr(self, "_tok"):
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(cfg.target)
+        return self._tok
 
     def collate(self, records):
         return collate_spatial(records)

@@ -154,6 +154,20 @@ def _greedy_record(model, ids, mask, codes):
     return hs[-1][0, ids.shape[1] - 1:].float()
 
 
+def test_janus_image_mode_through_spatial():
+    """transformers' Janus (tiny random config) in image mode, through JanusImageLM: the spatial drafter reads its
+    language model's states and reproduces Janus's own guided greedy image loop at batch 2."""
+    from test_image_generator import tiny_janus
+
+    model, tok = tiny_janus(PROMPTS)
+    plain = ImageARPipeline(model, tok)
+    pipe = ImageARPipeline(model, tok, drafter="spatial;untrained=true;seed=0;k_h=2")
+    assert pipe.drafter.kind == "spatial" and pipe.drafter.n_codes == 64
+    plain(PROMPTS[:2], seed=0, cfg_scale=3.0, do_sample=False)
+    pipe(PROMPTS[:2], seed=0, cfg_scale=3.0, do_sample=False)
+    assert torch.equal(pipe.last_codes, plain.last_codes) and pipe.last_stats.lossless
+
+
 # ================================================================================== saving, registry, errors
 def test_save_load_registry_and_refusal(small, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
