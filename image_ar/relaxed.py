@@ -42,14 +42,15 @@ import math
 
 import torch
 
-from mmspec.acceptance import AcceptanceRule, AcceptResult, register_rule
+from mmspec.acceptance import SpeculativeSamplingRule, register_rule
 
 __all__ = ["RelaxedRule", "LanternRule", "CSDRule", "GSDRule", "code_neighbours"]
 
 
-class RelaxedRule(AcceptanceRule):
-    """The core's tree walk with a rule's own acceptance probability and residual (subclasses implement
-    :meth:`accept_prob` and may override :meth:`residual`). Sampling rules: ``mode = "sample"``."""
+class RelaxedRule(SpeculativeSamplingRule):
+    """The core's sampling walk (:class:`~mmspec.acceptance.SpeculativeSamplingRule`) with a rule's own
+    acceptance probability and residual: subclasses implement :meth:`accept_prob` and may override
+    :meth:`residual` (default ``max(0, p - q)``). Lossy, for sampling (``mode = "sample"``)."""
 
     lossless = False
     mode = "sample"
@@ -57,41 +58,6 @@ class RelaxedRule(AcceptanceRule):
     def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: int) -> float:
         """Probability of accepting draft ``x`` drawn from ``q`` under the target's ``p`` (both ``[V]``)."""
         raise NotImplementedError  # abstract: every rule overrides it
-
-    def residual(self, p: torch.Tensor, q: torch.Tensor, x: int) -> torch.Tensor:
-        """What the target draws from after rejecting ``x`` (unnormalised): ``max(0, p - q)``."""
-        return torch.clamp(p - q, min=0.0)
-
-    def accept(self, tree, scores, generator=None):
-        if generator is not None and generator.device != scores.device:
-            scores = scores.to(generator.device)
-        probs = torch.softmax(scores.float(), dim=-1)
-        q_all = tree.draft_probs
-        kids = tree.children()
-        tokens = tree.tokens
-        path: list[int] = []
-        cur = -1
-        while True:
-            p = probs[cur + 1].clone()
-            accepted = None
-            for c in kids[cur + 1]:
-                x = int(tokens[c])
-                q = None if q_all is None else q_all[c].to(p.device, torch.float32)
-                if q is None or q[x] <= 0:  # a deterministic draft: a one-hot proposal
-                    q = torch.zeros_like(p)
-                    q[x] = 1.0
-                u = torch.rand((), generator=generator, device=p.device)
-                if u < self.accept_prob(p, q, x):
-                    accepted = c
-                    break
-                r = self.residual(p, q, x)
-                total = r.sum()
-                p = r / total if total > 0 else probs[cur + 1].clone()
-            if accepted is None:
-                nxt = torch.multinomial(p, 1, generator=generator).item()
-                return AcceptResult(path, int(nxt))
-            path.append(accepted)
-            cur = accepted
 
 
 def code_neighbours(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:

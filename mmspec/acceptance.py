@@ -71,10 +71,16 @@ class AcceptanceRule:
         return [self.accept(t, scores[i][: len(t) + 1], generator) for i, t in enumerate(trees)]
 
 
+# What a subclass may override to change how a row is walked: ``accept`` (the whole walk) or the sampling walk's
+# per-node hooks. Overriding any of them keeps the batched shortcuts (fused launch, one-argmax walk) away.
+_WALK_HOOKS = ("accept", "accept_prob", "residual")
+
+
 def _own_accept(rule, cls) -> bool:
-    """Whether ``rule`` walks with ``cls.accept`` itself: a subclass that overrides :meth:`~AcceptanceRule.accept`
-    (the documented extension point) must get its own walk per row, never ``cls``'s batched shortcuts."""
-    return type(rule).accept is cls.accept
+    """Whether ``rule`` walks with ``cls``'s own walk: a subclass that overrides :meth:`~AcceptanceRule.accept` (the
+    documented extension point) or a hook of the sampling walk (``accept_prob``, ``residual``: how relaxed rules
+    plug in) must get its own walk per row, never ``cls``'s batched shortcuts."""
+    return all(getattr(type(rule), h, None) is getattr(cls, h, None) for h in _WALK_HOOKS)
 
 
 def _fused(scores, trees) -> bool:
@@ -171,6 +177,26 @@ class SpeculativeSamplingRule(AcceptanceRule):
         uniforms, exponentials = draw_randomness(b, n, v, generator, scores.device)
         return _results(sampling_accept(tokens, parents, n_nodes, probs, uniforms, exponentials, draft))
 
+    def accept_prob(self, p: torch.Tensor, q: torch.Tensor, x: int) -> float:
+        """Probability of accepting draft token ``x`` proposed from ``q`` under the target's ``p`` (both ``[V]``,
+        ``q[x] > 0``; a deterministic draft comes as a one-hot ``q``): ``min(1, p(x) / q(x))``, the lossless test.
+        Relaxed (lossy) rules override this hook and :meth:`residual`, and keep the walk.
+
+        Example:
+            >>> round(SpeculativeSamplingRule().accept_prob(torch.tensor([0.2, 0.8]), torch.tensor([0.5, 0.5]), 0), 3)
+            0.4
+        """
+        return min(1.0, float(p[x]) / float(q[x]))
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor, x: int) -> torch.Tensor:
+        """What the target draws from after rejecting ``x`` (unnormalised): ``max(0, p - q)``.
+
+        Example:
+            >>> SpeculativeSamplingRule().residual(torch.tensor([0.25, 0.75]), torch.tensor([0.5, 0.5]), 0).tolist()
+            [0.0, 0.25]
+        """
+        return torch.clamp(p - q, min=0.0)
+
     def accept(self, tree, scores, generator=None):
         if generator is not None and generator.device != scores.device:
             scores = scores.to(generator.device)  # draws must come from the caller's generator
@@ -190,15 +216,12 @@ class SpeculativeSamplingRule(AcceptanceRule):
                 if q is None or q[x] <= 0:
                     # A deterministic draft, or a token its q could not have produced (underflow, filtering
                     # after sampling): a one-hot proposal, which is lossless for any token.
-                    if u < p[x]:
-                        accepted = c
-                        break
-                    p[x] = 0.0
-                else:
-                    if u * q[x] < p[x]:  # u < p/q without dividing by zero
-                        accepted = c
-                        break
-                    p = torch.clamp(p - q, min=0.0)
+                    q = torch.zeros_like(p)
+                    q[x] = 1.0
+                if float(u) < self.accept_prob(p, q, x):
+                    accepted = c
+                    break
+                p = self.residual(p, q, x)
                 total = p.sum()
                 if total <= 0:
                     # p' == q_c exactly: rejection had probability 0, so any p' is correct; keep p.

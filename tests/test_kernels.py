@@ -537,3 +537,34 @@ def test_a_subclass_overriding_accept_keeps_its_own_walk_on_a_triton_device(inte
     trees, _, probs, _ = _sampling_case(4, [3, 0, 5], vocab=6, with_q=False)
     got = Stubborn().accept_batch(trees, probs.log(), torch.Generator().manual_seed(0))
     assert got == [acceptance.AcceptResult([], 0)] * 3 and launches == []
+
+
+@pytest.mark.parametrize("hook", ["accept_prob", "residual"])
+def test_a_rule_overriding_a_sampling_hook_keeps_the_walk_on_a_triton_device(interpret, monkeypatch, hook):
+    """Relaxed rules (image_ar/relaxed.py) override SpeculativeSamplingRule's per-node hooks, not ``accept``: the
+    fused launch (which knows only the lossless test) must not replace their walk, and the walk must call them."""
+    from mmspec import acceptance
+    from mmspec.kernels import acceptance as kacc
+
+    launches = []
+    monkeypatch.setattr(kacc, "sampling_accept", lambda *a, **k: launches.append("sampling_accept"))
+    calls = []
+
+    class Generous(acceptance.SpeculativeSamplingRule):
+        lossless = False
+
+    if hook == "accept_prob":
+        Generous.accept_prob = lambda self, p, q, x: calls.append(x) or 1.0  # accepts every first child
+    else:
+        Generous.residual = lambda self, p, q, x: calls.append(x) or torch.nn.functional.one_hot(
+            torch.tensor(5), p.shape[0]).float()  # after any rejection only token 5 remains
+    trees, _, probs, _ = _sampling_case(4, [3, 0, 5], vocab=6, with_q=False)
+    flat = torch.zeros_like(probs)  # uniform p: one-hot drafts are accepted 1 time in 6, so rejections happen
+    got = Generous().accept_batch(trees, flat, torch.Generator().manual_seed(0))
+    assert launches == [] and calls
+    if hook == "accept_prob":
+        assert got[1].path == [] and all(len(r.path) >= 1 for i, r in enumerate(got) if i != 1)
+    else:
+        for tree, res in zip(trees, got):
+            if tree.children()[(res.path[-1] if res.path else -1) + 1]:  # its last node's children all rejected
+                assert res.next_token == 5
