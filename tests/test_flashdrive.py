@@ -249,6 +249,20 @@ def test_streaming_attention_mask_matches_a_written_out_reference():
                 assert bool(got[b, q, j]) == want, (b, q, j)
 
 
+def test_prepare_gives_the_inputs_a_plain_step_decodes(two_layer):
+    """``mmspec train``'s data stage regenerates the reasoning from ``pipe.prepare``: the same tokens a tick decodes."""
+    from mmspec.workloads import get_workload
+
+    pipe = _pipe(two_layer)
+    ex = get_workload("driving").example("train", 3)
+    inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
+    out = two_layer.backbone.generate(**inputs, max_new_tokens=5, do_sample=False)
+    assert out[0, inputs["input_ids"].shape[1]:].tolist() == pipe.step(ex.images, ex.meta["history"],
+                                                                       ex.meta["speed"])["tokens"]
+    with pytest.raises(InvalidInputError):
+        pipe.prepare(images=ex.images[:2], prompt=ex.prompt)
+
+
 def test_spec_auto_is_off_without_a_fitting_drafter(two_layer):
     from mmspec.drivers.flashdrive import FlashDriveConfig
 
