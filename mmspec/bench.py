@@ -830,7 +830,8 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
            "dtype": dtype_name(getattr(tally.system.model, "dtype", None)), "sampling": tally.system.sampling}
     if not ok:
         measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
-                    "forwards_per_token", "target_forwards", "tokens_per_s", "time_s", "identical_to_ar",
+                    "forwards_per_token", "target_forwards", "tokens_per_s", "tokens_per_s_vs_ar", "time_s",
+                    "identical_to_ar",
                     "identical_rate", "divergences", "new_tokens", "lossless", "quality", "draftability",
                     "drafter_counters")
         return {**rec, **dict.fromkeys(measured)}
@@ -852,6 +853,10 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
         forwards_per_token=fpt,
         target_forwards=tally.forwards,
         tokens_per_s=tally.new_tokens / tally.time if tally.time else None,
+        # Under sampling the systems emit different texts (lengths differ), so the time ratio compares unequal
+        # work; the throughput ratio does not. Under greedy lossless systems both ratios agree.
+        tokens_per_s_vs_ar=(tally.new_tokens / tally.time) / (ar.new_tokens / ar.time)
+        if tally.time and ar.time and ar.new_tokens else None,
         time_s=tally.time,
         identical_to_ar=tally.identical if tally.rows else None,
         identical_rate=tally.identical_rows / tally.rows if tally.rows else None,
@@ -862,7 +867,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
         lossless=lossless,
     )
     if kind == "ar":
-        rec["speedup_vs_ar"] = rec["speedup_median"] = 1.0  # exactly, by definition
+        rec["speedup_vs_ar"] = rec["speedup_median"] = rec["tokens_per_s_vs_ar"] = 1.0  # exactly, by definition
     return rec
 
 
@@ -1027,6 +1032,8 @@ class BenchReport:
                 ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup_vs_ar", "{:.2f}x"),
                 ("median", "speedup_median", "{:.2f}x"), ("of ceil", "of_ceiling", "{:.0%}"),
                 ("same", "identical_rate", "{:.0%}"), ("status", "status", "{}")]
+        if self.meta.get("sampling") is not None:  # texts differ in length: throughput is the fair ratio
+            cols.insert(7, ("tok/s x", "tokens_per_s_vs_ar", "{:.2f}x"))
         rows = [[_fmt(r[key], fmt) if key != "status" else r[key].split(":")[0] for _, key, fmt in cols]
                 for r in self.results]
         widths = [max([len(head)] + [len(row[i]) for row in rows]) for i, (head, _, _) in enumerate(cols)]
@@ -1047,7 +1054,8 @@ class BenchReport:
                     f"token (dtype {self.meta.get('dtype')})"]
         if self.meta.get("sampling") is not None:
             out += [f"sampling run ({self.meta['sampling'] or 'the model generation config'}, seed per batch shared by "
-                    "the systems): outputs are not compared token for token; a system is lossless when its "
+                    "the systems): outputs are not compared token for token, so texts differ in length and tok/s x (the "
+                    "throughput ratio) is the fair speedup; a system is lossless when its "
                     "acceptance rule keeps the target's distribution (records: lossless, the rule in the system name)"]
         return "\n".join(out)
 
@@ -1218,7 +1226,17 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     # The shipped drafters, when the target is the bundled one (named or by default): "eagle" means its head.
     bundled = next((w.bundled_drafters() for w in workloads
                     if w.bundled_model() and (not vlm_model or _same_folder(vlm_model, w.bundled_model()))), [])
-    names = _resolve_systems(cfg.systems, cfg.draft_model, bundled) if workloads else []
+    # Systems a workload measures itself (the docs workload's "hierarchical") go to its bench_own, not to the loop.
+    own = {w.name: [s for s in cfg.systems or [] if s.split(";")[0].strip() in w.own_systems] for w in workloads}
+    if any(own.values()) and requests is not None:
+        raise InvalidInputError("systems a workload measures itself (e.g. 'hierarchical') run on its pages, not on "
+                                "--inputs")
+    for w in workloads:
+        if own[w.name]:
+            w.check_own(own[w.name], bundled)
+    owned = {s for names_ in own.values() for s in names_}
+    rest = None if cfg.systems is None else [s for s in cfg.systems if s not in owned]
+    names = _resolve_systems(rest or (["ar"] if owned else rest), cfg.draft_model, bundled) if workloads else []
     _check_models(cfg.model, every)  # after the checks of the request itself, before anything loads
     torch.manual_seed(cfg.seed)
     if cfg.threads:
@@ -1258,6 +1276,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
                     refs = [e.target if e.target or e.meta.get("has_reference") else None
                             for c in chunks for e in c]
                     results += _of_ceiling([_record(wl.name, bs, n, t, ar, refs) for t in tallies])
+                if own.get(wl.name):
+                    results += wl.bench_own(pipe, own[wl.name], cfg, progress, bundled)
     meta = _meta(cfg, model_path, pipe.model, n, max_new)
     meta["dtype_note"] = dtype_note(cfg.dtype, model_path, device)
     if plain_models:

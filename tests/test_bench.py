@@ -53,7 +53,7 @@ FIELDS = {  # field -> types allowed when status is "ok" (every field is None wh
     "workload": str, "system": str, "spec": str, "kind": str, "batch_size": int, "status": str, "n_examples": int,
     "tau": (*NUMBER, type(None)), "accept_rate": (list, type(None)), "accepted_hist": (list, type(None)),
     "ceiling_rounds": (int, type(None)), "speedup_vs_ar": NUMBER, "speedup_median": NUMBER, "forwards_per_token": NUMBER,
-    "target_forwards": int, "tokens_per_s": NUMBER, "time_s": NUMBER, "identical_to_ar": bool, "new_tokens": int,
+    "target_forwards": int, "tokens_per_s": NUMBER, "tokens_per_s_vs_ar": NUMBER, "time_s": NUMBER, "identical_to_ar": bool, "new_tokens": int,
     "lossless": bool, "identical_rate": NUMBER, "divergences": list, "dtype": str,
 }
 ALWAYS = ("workload", "system", "spec", "kind", "batch_size", "status", "n_examples", "dtype")
@@ -416,7 +416,10 @@ def test_sampling_run_names_rules_and_skips_identity(tiny_vlm):
         assert spec["lossless"] is True and stm["lossless"] is True
         assert greedy["lossless"] is False  # a greedy rule under sampling does not keep the distribution
         assert recs[(BenchShapes.name, "ceiling", bs)]["status"].startswith("unsupported")
-    assert "sampling run" in report.table()
+        # texts differ in length under sampling: the throughput ratio is the fair one, and it is what it says
+        want = (spec["new_tokens"] / spec["time_s"]) / (ar["new_tokens"] / ar["time_s"])
+        assert spec["tokens_per_s_vs_ar"] == pytest.approx(want) and ar["tokens_per_s_vs_ar"] == 1.0
+    assert "sampling run" in report.table() and "tok/s x" in report.table()
     assert report.meta["sampling"] == sampling
     # AR's batch-1 draws are generate's own under the batch's seed: seed 0 for the first batch
     import torch
