@@ -129,6 +129,21 @@ class Workload:
         # Not a stub: workloads served by a text-generating target go through the bench's VLM systems instead.
         raise NotImplementedError(f"workload {self.name!r} is benchmarked through a target's generate")
 
+    own_systems: tuple = ()
+    """Bench system names (the part before the first ``;``) this VLM workload measures itself, beside the bench's
+    systems (the docs workload's ``hierarchical``): ``mmspec bench`` hands them to :meth:`bench_own`."""
+
+    def check_own(self, systems: list, bundled=()) -> None:
+        """Raise :class:`~mmspec.InvalidInputError` for a malformed system of :attr:`own_systems` (called by
+        ``mmspec bench`` before any model loads). Nothing to check by default."""
+
+    def bench_own(self, pipe, systems: list, cfg, progress: bool = True, bundled=()) -> list[dict]:
+        """Measure the systems of :attr:`own_systems` named in the run (``systems``, as given) with the run's loaded
+        target pipeline ``pipe``; returns their records. ``bundled``: the drafter specs shipped for the target.
+        Only workloads with :attr:`own_systems` implement it."""
+        # Not a stub: a workload that names no systems of its own is never asked to measure any.
+        raise NotImplementedError(f"workload {self.name!r} measures no systems of its own")
+
     def examples(self, split: str, n: int, start: int = 0) -> list[Example]:
         """Items ``start .. start + n - 1`` of ``split``."""
         check_item(split, start)

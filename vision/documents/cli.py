@@ -65,6 +65,11 @@ def add_arguments(p) -> None:
                    help="auto (default): the checkpoint's stored dtype where native; float32 for exactness")
     p.add_argument("--device", default=None, help="cpu, cuda:0 ... (default: cuda:LOCAL_RANK with a GPU, else cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="hierarchical decoding: a layout stage finds each page's blocks, every block is one row of "
+                        "the batch (--prompt is then the block prompt), pages assembled in reading order")
+    p.add_argument("--layout", default=None, metavar="DIR",
+                   help="layout detector for --hierarchical (default: the bundled one; `mmspec train-layout`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
@@ -86,7 +91,8 @@ def run(args) -> int:
     cfg = ParseConfig(inputs=list(args.inputs), out=args.out, model=args.model, drafter=drafter, prompt=args.prompt,
                       batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, longest_side=args.longest_side,
                       guard=not args.no_repetition_guard, guard_settings=settings, dtype=args.dtype,
-                      device=args.device, threads=args.threads, progress=not args.no_progress)
+                      device=args.device, threads=args.threads, progress=not args.no_progress,
+                      hierarchical=args.hierarchical, layout=args.layout)
     summary = parse_documents(cfg)
     if args.json:
         print(json.dumps(summary))

@@ -83,6 +83,11 @@ class ParseConfig:
         dtype, device, threads: how the target runs (``device``: default ``cuda:LOCAL_RANK`` with a GPU).
         rank, world_size: this process's share; default from ``RANK`` / ``WORLD_SIZE`` (torchrun).
         progress: a progress bar with pages/s on stderr (rank 0).
+        hierarchical: decode each page hierarchically (:mod:`.hierarchical`): the layout stage finds its blocks,
+            every block of the batch's pages is one row (``prompt``: the block prompt, default the docs
+            workload's), each with the guard and its retries, and the page is assembled in reading order; the
+            record's ``blocks`` lists them (type, box, order, text, attempts).
+        layout: the layout detector's folder for ``hierarchical`` (default: the bundled one).
     """
 
     inputs: list
@@ -101,6 +106,8 @@ class ParseConfig:
     rank: int | None = None
     world_size: int | None = None
     progress: bool = True
+    hierarchical: bool = False
+    layout: str | None = None
 
 
 def process_share(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -183,6 +190,12 @@ def _manifest(sources: list[Source]) -> list[_Item]:
 def _settings(cfg: ParseConfig, model: str, prompt: str) -> dict:
     """What a page's text depends on: a rerun into the same folder must agree (the drafter and the batch size
     do not change a greedy text, so they may change between runs)."""
+    if cfg.hierarchical:  # the key only in hierarchical jobs: earlier full-page manifests stay as they were
+        from .layout import bundled_layout
+
+        lay = cfg.layout or bundled_layout()
+        return {**_settings(ParseConfig(**{**cfg.__dict__, "hierarchical": False}), model, prompt),
+                "hierarchical": {"layout": os.path.realpath(lay) if lay else None}}
     return {"model": os.path.realpath(model) if os.path.isdir(model) else model, "prompt": prompt,
             "max_new_tokens": cfg.max_new_tokens, "longest_side": cfg.longest_side, "dtype": cfg.dtype,
             "repetition_guard": cfg.guard_settings.to_dict() if cfg.guard else None}
@@ -308,6 +321,10 @@ class _Decoder:
             rows.append((text, att))
         return rows
 
+    def decode_pages(self, ids: list, images: list) -> list:
+        """Per page ``(text, attempts, error, blocks)``; full-page decoding has no blocks (``None``)."""
+        return [(t, a, e, None) for t, a, e in self.decode(ids, images)]
+
     def decode(self, ids: list, images: list) -> list:
         """Per page ``(text, attempts, error)``; ``error`` is ``None`` when a try ended on its own."""
         results: list = [None] * len(ids)
@@ -346,18 +363,59 @@ class _Decoder:
         return results
 
 
-def _record(item: _Item, text: str, attempts: list, error: str | None, load_s: float, guard: bool, rank: int) -> dict:
+class _HierarchicalDecoder:
+    """Hierarchical pages: the layout stage finds each page's blocks, and every block of the batch's pages is
+    one row of a :class:`_Decoder` over the block crops (so each block has the guard and its own retries); a
+    page is assembled from its blocks in reading order, and fails when one of its blocks failed."""
+
+    def __init__(self, pipe, cfg: ParseConfig, prompt: str):
+        from .hierarchical import HierarchicalParser
+
+        self.parser = HierarchicalParser(pipe, cfg.layout)  # its layout stage and crops; rows go to _Decoder
+        self.rows = _Decoder(pipe, cfg, prompt)
+        self.stats = self.rows.stats
+
+    def decode_pages(self, ids: list, images: list) -> list:
+        from .hierarchical import assemble
+
+        t0 = time.perf_counter()
+        layouts = self.parser.detect(images)
+        layout_s = (time.perf_counter() - t0) / max(1, len(images))
+        crops, block_ids = [], []
+        for pid, page, blocks in zip(ids, images, layouts):
+            crops += self.parser.crops(page, blocks)
+            block_ids += [f"{pid}/block{b['order']}" for b in blocks]
+        rows = iter(self.rows.decode(block_ids, crops) if crops else [])
+        out = []
+        for blocks in layouts:
+            done = [(b, *next(rows)) for b in blocks]
+            errors = [f"block {b['order']}: {e}" for b, _, _, e in done if e]
+            attempts = [dict(a, block=b["order"]) for b, _, atts, _ in done for a in atts]
+            listed = [dict(b, text=(t or "").strip(), attempts=len(atts), error=e) for b, t, atts, e in done]
+            text = assemble(blocks, [t or "" for _, t, _, _ in done])
+            finals = [atts[-1] for _, _, atts, _ in done if atts]  # each block's last try: what the page holds
+            tokens, rounds = sum(a.get("tokens", 0) for a in finals), sum(a.get("rounds", 0) for a in finals)
+            tau = sum(max(0, a.get("tokens", 0) - 1) for a in finals) / rounds if rounds else None
+            out.append((text, attempts, "; ".join(errors) or None,
+                        {"layout_s": layout_s, "blocks": listed, "tokens": tokens, "rounds": rounds, "tau": tau}))
+        return out
+
+
+def _record(item: _Item, text: str, attempts: list, error: str | None, load_s: float, guard: bool, rank: int,
+            blocks: dict | None = None) -> dict:
     final = attempts[-1] if attempts else {}
     ok = error is None
     changed = guard and bool(attempts) and (len(attempts) > 1 or final.get("finish") == "loop")
     return {
         "id": item.id, "source": item.source.name, "page": item.page, "pages": item.pages,
         "status": "ok" if ok else "failed", "error": error, "text": text or "",
-        "blocks": None,  # full-page decoding: the page is one block; a layout stage would list them here
-        "tokens": final.get("tokens", 0), "tau": final.get("tau"),
+        "blocks": blocks["blocks"] if blocks else None,  # None: full-page decoding (the page is one block)
+        "tokens": blocks["tokens"] if blocks else final.get("tokens", 0),
+        "tau": blocks["tau"] if blocks else final.get("tau"),
         "attempts": attempts, "changed_by_guard": changed,
-        "timings": {"load_s": load_s, "decode_s": sum(a.get("decode_s", 0.0) for a in attempts)},
-        "stats": {"rounds": final.get("rounds", 0), "batch": final.get("batch")},
+        "timings": {"load_s": load_s, "decode_s": sum(a.get("decode_s", 0.0) for a in attempts),
+                    **({"layout_s": blocks["layout_s"]} if blocks else {})},
+        "stats": {"rounds": blocks["rounds"] if blocks else final.get("rounds", 0), "batch": final.get("batch")},
         "rank": rank,  # the process that decoded it (which worker to look at when a page is odd)
     }
 
@@ -396,7 +454,22 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
     if os.path.exists(out) and not os.path.isdir(out):
         raise InvalidInputError(f"--out {out} is a file; name a folder")
     sources = discover(cfg.inputs, exclude=out)
-    prompt = cfg.prompt if cfg.prompt is not None else default_prompt()
+    if cfg.layout is not None and not cfg.hierarchical:
+        raise InvalidInputError("--layout applies to --hierarchical decoding")
+    if cfg.hierarchical:  # an unreadable detector is said before any page is counted or any model loads
+        from .layout import LayoutDetector, bundled_layout
+
+        if (cfg.layout or bundled_layout()) is None:
+            raise InvalidInputError("no layout detector bundled: pass --layout DIR (from `mmspec train-layout`)")
+        LayoutDetector.from_pretrained(cfg.layout or bundled_layout())
+    if cfg.prompt is not None:
+        prompt = cfg.prompt
+    elif cfg.hierarchical:
+        from ..workloads.docs import BLOCK_PROMPTS
+
+        prompt = BLOCK_PROMPTS[0]
+    else:
+        prompt = default_prompt()
     if not prompt.strip():
         raise InvalidInputError("the prompt is empty")
     if pipe is None:
@@ -429,7 +502,7 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
                 if rank == 0 and cfg.progress:
                     for note in getattr(pipe, "notes", []):
                         print(f"parse-docs: {note}", file=sys.stderr)
-            decoder = _Decoder(pipe, cfg, prompt)
+            decoder = (_HierarchicalDecoder if cfg.hierarchical else _Decoder)(pipe, cfg, prompt)
         loader = PageLoader(cfg.longest_side, _max_pixels(pipe) if pipe is not None else None)
         from tqdm.auto import tqdm
 
@@ -454,9 +527,9 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
                     images.append(img)
                     loads.append(time.perf_counter() - t0)
                 if ok_items:
-                    for it, load_s, (text, attempts, error) in zip(
-                            ok_items, loads, decoder.decode([it.id for it in ok_items], images)):
-                        records.append(_record(it, text, attempts, error, load_s, cfg.guard, rank))
+                    for it, load_s, (text, attempts, error, blocks) in zip(
+                            ok_items, loads, decoder.decode_pages([it.id for it in ok_items], images)):
+                        records.append(_record(it, text, attempts, error, load_s, cfg.guard, rank, blocks))
                 order = {it.id: k for k, it in enumerate(chunk)}
                 records.sort(key=lambda r: order[r["id"]])
                 written += store.write_many(records)

@@ -36,10 +36,16 @@ from mmspec.workloads import SeededWorkload
 from .render import Canvas, augment, font_families, get_font, line_height, text_width, wrap_words
 from .text import ScrambledTextGen, TextGen
 
-__all__ = ["DocsWorkload", "block_markdown", "page_markdown", "BLOCK_TYPES"]
+__all__ = ["DocsWorkload", "block_markdown", "page_markdown", "BLOCK_TYPES", "DENSE_PAGES"]
 
 BLOCK_TYPES = ("paragraph", "bullets", "numbered", "table", "formula")
 """Content block types (headings come on top of these in pages)."""
+
+DENSE_PAGES = dict(width=672, height=448, columns=2, min_blocks=6, max_blocks=9, mode="page")
+"""The dense page option (``DocsWorkload(**DENSE_PAGES)``): two columns, each about as wide as a default page's
+text, under an optional title spanning both, with more blocks, so that finding the blocks and their reading
+order (title, left column top to bottom, then right column) is not trivial. Twice a default page's pixels:
+a Qwen2-VL processor capped at 336 x 448 pixels shrinks the whole page, while a crop of one block fits as is."""
 
 PAGE_PROMPTS = (
     "Transcribe this page to Markdown.",
@@ -278,6 +284,9 @@ class DocsWorkload(SeededWorkload):
             no language prior: :class:`~mmspec.vision.workloads.text.ScrambledTextGen`); a curriculum for
             targets that must learn to read. ``meta["text"]`` says which.
         seed: mixed into every item's seed; another value gives another world.
+        columns: ``1`` (default) or ``2``: pages in two columns (``gutter`` pixels apart) under an optional
+            level-1 title spanning both; blocks flow down the left column, then the right one, and ``blocks``
+            (and the target) follow that reading order. See :data:`DENSE_PAGES`.
 
     ``meta``: ``regime`` (always ``"copy"``), ``kind``, ``blocks`` (the placed blocks as dicts, each with
     its ``box``), ``font``, ``font_size``, ``augment`` (what was applied) and ``runs`` (every text run drawn,
@@ -306,12 +315,30 @@ class DocsWorkload(SeededWorkload):
         path = bundled_eagle()
         return [f"eagle:{path}"] if path and self.bundled_model() else []
 
+    own_systems = ("hierarchical",)
+    """``mmspec bench`` hands ``hierarchical`` systems (layout stage, then every block as a row of one batch) to
+    :meth:`bench_own` (see :mod:`mmspec.vision.documents.hpd_bench`)."""
+
+    def check_own(self, systems, bundled=()):
+        """Parse each ``hierarchical`` spec (raises on bad options) before the bench loads anything."""
+        from ..documents.hpd_bench import parse_hierarchical
+
+        for s in systems:
+            parse_hierarchical(s, bundled)
+
+    def bench_own(self, pipe, systems, cfg, progress=True, bundled=()):
+        """Measure ``hierarchical`` systems against full-page decoding on this world's pages
+        (:func:`~mmspec.vision.documents.hpd_bench.bench_hierarchical`)."""
+        from ..documents.hpd_bench import bench_hierarchical
+
+        return bench_hierarchical(self, pipe, systems, cfg, progress, bundled)
+
     def __init__(self, width: int = 336, height: int = 448, *, min_blocks: int = 2, max_blocks: int = 3,
                  mode: str = "mix", block_fraction: float = 0.3, line_fraction: float = 0.0,
                  font_sizes: tuple[int, int] = (22, 26),
                  fonts="auto", augment: bool = True, max_rotation: float = 1.0,
                  block_types=BLOCK_TYPES, crop_multiple: int = 28, char_boxes: bool = False,
-                 scrambled_fraction: float = 0.0, seed: int = 0):
+                 scrambled_fraction: float = 0.0, seed: int = 0, columns: int = 1, gutter: int = 28):
         if mode not in ("page", "block", "mix", "line"):
             raise InvalidInputError(f"mode must be 'page', 'block', 'mix' or 'line', got {mode!r}")
         if width < 160 or height < 112:
@@ -337,6 +364,12 @@ class DocsWorkload(SeededWorkload):
         if not 0.0 <= scrambled_fraction <= 1.0:
             raise InvalidInputError(f"scrambled_fraction must be in [0, 1], got {scrambled_fraction}")
         self.scrambled_fraction = float(scrambled_fraction)
+        if columns not in (1, 2):
+            raise InvalidInputError(f"columns must be 1 or 2, got {columns!r}")
+        if columns == 2 and (gutter < 8 or (width - 40 - gutter) // 2 < 140):
+            raise InvalidInputError(f"two columns need gutter >= 8 and columns of at least 140 px; got width "
+                                    f"{width}, gutter {gutter}")
+        self.columns, self.gutter = int(columns), int(gutter)
 
     # ------------------------------------------------------------------ generation
     def generate(self, rng: random.Random, nrng: np.random.Generator, split: str, index: int,
@@ -352,7 +385,14 @@ class DocsWorkload(SeededWorkload):
         g = ScrambledTextGen(rng) if scrambled else TextGen(rng)
         inner = self.width - 2 * st.margin
         placed: list[tuple[_Laid, int]] = []  # (laid block, y)
-        if kind == "page":
+        xs = None  # each placed block's left edge when not at the margin (two columns)
+        if kind == "page" and self.columns == 2:
+            placed, xs = self._place_columns(self._page_specs(g), st, inner)
+            if not placed:
+                placed = [(self._fit_block(g, st, inner, self.height - 2 * st.margin, ("paragraph",)), st.margin)]
+                xs = None
+            img_h = self.height
+        elif kind == "page":
             specs = self._page_specs(g)
             y, limit = st.margin, self.height - st.margin
             gap = int(round(line_height(st.font()) * 0.8))
@@ -382,10 +422,11 @@ class DocsWorkload(SeededWorkload):
             m = max(1, self.crop_multiple)
             img_h = min(self.height, int(math.ceil((laid.height + 2 * st.margin) / m) * m))
         prompt = rng.choice(PAGE_PROMPTS if kind == "page" else BLOCK_PROMPTS)
+        xs = xs or [st.margin] * len(placed)
         blocks = []
-        for laid, y in placed:
+        for (laid, y), x in zip(placed, xs):
             b = dict(laid.block)
-            b["box"] = [st.margin, y, st.margin + laid.width, y + laid.height]
+            b["box"] = [x, y, x + laid.width, y + laid.height]
             blocks.append(b)
         target = page_markdown(blocks)
         meta = {"regime": "copy", "kind": kind, "blocks": blocks, "font": st.family, "font_size": st.size,
@@ -394,8 +435,8 @@ class DocsWorkload(SeededWorkload):
         if draw:
             img = Image.new("RGB", (self.width, img_h), st.bg)
             canvas = Canvas(img, char_boxes=self.char_boxes)
-            for laid, y in placed:
-                laid.draw(canvas, st.margin, y)
+            for (laid, y), x in zip(placed, xs):
+                laid.draw(canvas, x, y)
             info = {"rotation": 0.0, "blur": 0.0, "noise": 0.0}
             if self.augment:
                 img, info = augment(img, rng, nrng, max_rotation=self.max_rotation, background=st.bg)
@@ -445,6 +486,46 @@ class DocsWorkload(SeededWorkload):
                 types = tuple(t for t in types if t != prev)  # two such lists in a row would read as one
             specs.append(self._content_spec(g, types))
         return specs
+
+    def _place_columns(self, specs: list, st: _Style, inner: int) -> tuple[list, list]:
+        """Two-column placement: a leading level-1 title spans both columns, then blocks fill the left column
+        and the right one in turn (a spec too wide for a column is skipped; a level-2 heading left last in the
+        left column moves to the top of the right one). Returns ``(placed, xs)`` in reading order."""
+        col_w = (inner - self.gutter) // 2
+        minsize = self.font_sizes[0] - 1
+        gap = int(round(line_height(st.font()) * 0.8))
+        limit = self.height - st.margin
+        placed, xs, top, i = [], [], st.margin, 0
+        if specs and specs[0]["type"] == "heading" and specs[0]["level"] == 1:
+            laid = _layout(specs[0], st, inner, minsize)
+            if top + laid.height <= limit:
+                placed.append((laid, top))
+                xs.append(st.margin)
+                top += laid.height + gap // 2
+            i = 1
+        for col in range(2):
+            x, y, start = st.margin + col * (col_w + self.gutter), top, len(placed)
+            while i < len(specs):
+                laid = _layout(specs[i], st, col_w, minsize)
+                if laid is None:
+                    i += 1
+                    continue
+                if y + laid.height > limit:
+                    break
+                placed.append((laid, y))
+                xs.append(x)
+                y += laid.height + (gap // 2 if specs[i]["type"] == "heading" else gap)
+                i += 1
+            if col == 0 and len(placed) > start and placed[-1][0].block["type"] == "heading":
+                placed.pop()
+                xs.pop()
+                i -= 1  # its spec comes next: it heads the right column
+                while specs[i]["type"] != "heading":  # step back over specs skipped as too wide
+                    i -= 1
+        while placed and placed[-1][0].block["type"] == "heading":
+            placed.pop()
+            xs.pop()
+        return placed, xs
 
     def _fit_block(self, g: TextGen, st: _Style, width: int, max_h: int, types) -> _Laid:
         for _ in range(8):

@@ -1,0 +1,222 @@
+"""Hierarchical parallel decoding of document pages: layout first, then every block as one row of a batch.
+
+Why: a page decoded as one sequence is read token after token, however many independent blocks it holds.
+HPD-Parsing and MinerU's two-stage pipeline (research/anchors_domains.md §3) first find the blocks, then
+decode them side by side. Here:
+
+1. the layout stage (:class:`~mmspec.vision.documents.layout.LayoutDetector`) finds each page's blocks (type,
+   box, reading order) from the pixels alone;
+2. each block is cropped and set on a blank canvas of the page's paper colour the way the docs workload draws
+   its block items (``mode="block"``: the block near the top-left corner, a width of at least 336 px, heights
+   in multiples of 28 px), with the block prompt the target was trained on, so the target and its drafters stay
+   as they are;
+3. all blocks of all pages of a call go through one batched :func:`mmspec.generate` (with any drafter:
+   speculative decoding inside each row; without one, ``model.generate``); a row is lossless: its text is the
+   target's greedy decoding of that block alone;
+4. each page is assembled from its blocks' texts in reading order, joined by blank lines; a block the layout
+   stage calls a heading gets the ``#`` marks of its level (the crop alone does not show its size).
+
+Example:
+    >>> from mmspec import MMSpecPipeline                                           # doctest: +SKIP
+    >>> hp = HierarchicalParser(MMSpecPipeline.from_pretrained(target), drafter="eagle:HEAD")  # doctest: +SKIP
+    >>> pages = hp.parse([page_image])                                              # doctest: +SKIP
+    >>> pages[0].text, [b["type"] for b in pages[0].blocks]                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mmspec.errors import InvalidInputError
+from mmspec.stats import SpecStats
+
+from .layout import LayoutDetector, bundled_layout
+
+__all__ = ["HierarchicalParser", "HierarchicalPage", "block_canvas", "assemble", "paper_colour"]
+
+CANVAS_WIDTH = 336  # the width of the docs workload's block items (the pages the target learned to read)
+CANVAS_MARGIN = 12  # the workload draws a block 10-18 px from the corner
+MULTIPLE = 28  # Qwen2-VL reads 28-px merged patches: the processor would round other sizes
+
+
+def paper_colour(page: Image.Image) -> tuple:
+    """The page's background colour: the per-channel median of its pixels (text is sparse on a page).
+
+    Example:
+        >>> paper_colour(Image.new("RGB", (8, 8), (250, 248, 240)))
+        (250, 248, 240)
+    """
+    a = np.asarray(page.convert("RGB").reduce(2) if min(page.size) >= 64 else page.convert("RGB"))
+    return tuple(int(v) for v in np.median(a.reshape(-1, 3), axis=0))
+
+
+def block_canvas(page: Image.Image, box, paper=None, pad: int = 3) -> Image.Image:
+    """The crop of ``box`` (``[x0, y0, x1, y1]``, grown by ``pad`` px) on a canvas like the docs workload's block
+    items: the crop at ``CANVAS_MARGIN`` px from the top-left corner, width at least 336, both sides multiples
+    of 28, filled with ``paper`` (default: :func:`paper_colour`).
+
+    Example:
+        >>> page = Image.new("RGB", (336, 448), "white")
+        >>> block_canvas(page, [14, 20, 300, 80]).size
+        (336, 112)
+    """
+    w, h = page.size
+    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    x0, y0, x1, y1 = max(0, x0 - pad), max(0, y0 - pad), min(w, x1 + pad), min(h, y1 + pad)
+    if x1 <= x0 or y1 <= y0:
+        raise InvalidInputError(f"empty block box {list(box)} on a {w}x{h} page")
+    crop = page.convert("RGB").crop((x0, y0, x1, y1))
+    # A crop that fits 336 px keeps that width (the side margin shrinks to fit): the target learned its block
+    # items at exactly that width, and one more column of patches visibly hurts its reading.
+    mx = CANVAS_MARGIN if crop.width + 2 * CANVAS_MARGIN <= CANVAS_WIDTH else max(0, (CANVAS_WIDTH - crop.width) // 2)
+    cw = max(CANVAS_WIDTH, -(-(crop.width + 2 * mx) // MULTIPLE) * MULTIPLE)
+    ch = -(-(crop.height + 2 * CANVAS_MARGIN) // MULTIPLE) * MULTIPLE
+    canvas = Image.new("RGB", (cw, ch), paper if paper is not None else paper_colour(page))
+    canvas.paste(crop, (mx, CANVAS_MARGIN))
+    return canvas
+
+
+def assemble(blocks: list[dict], texts: list[str]) -> str:
+    """A page's Markdown from its blocks (in reading order, each with ``order`` and ``type``) and their texts:
+    sorted by ``order``, empty texts dropped, headings given the ``#`` marks of their level, blank lines between.
+
+    Example:
+        >>> assemble([{"order": 1, "type": "paragraph"}, {"order": 0, "type": "heading2"}],
+        ...          ["Some text.", "Results"])
+        '## Results\\n\\nSome text.'
+    """
+    parts = []
+    for b, t in sorted(zip(blocks, texts), key=lambda bt: bt[0]["order"]):
+        t = t.strip()
+        if b["type"].startswith("heading") and b["type"][-1].isdigit():
+            t = "#" * int(b["type"][-1]) + " " + t.lstrip("#").strip()
+        if t.strip("# "):
+            parts.append(t)
+    return "\n\n".join(parts)
+
+
+@dataclass
+class HierarchicalPage:
+    """One decoded page: ``text`` (Markdown, blocks in reading order), ``blocks`` (the layout stage's dicts, each
+    with its ``text`` and ``new_tokens``), and ``truncated`` (blocks cut at ``max_new_tokens``)."""
+
+    text: str
+    blocks: list
+    truncated: int = 0
+
+
+@dataclass
+class HierarchicalResult:
+    """:meth:`HierarchicalParser.parse`'s pages, the pooled :class:`~mmspec.stats.SpecStats` of the rows (``None``
+    without a drafter), and the seconds spent in each stage (``layout``, ``decode``)."""
+
+    pages: list
+    stats: SpecStats | None = None
+    timings: dict = field(default_factory=dict)
+    rows: int = 0
+
+
+class HierarchicalParser:
+    """Layout, then all blocks of the pages given as rows of one batch (see the module docstring).
+
+    Args:
+        pipe: a loaded VLM pipeline (:class:`~mmspec.MMSpecPipeline` of the target).
+        layout: a :class:`~mmspec.vision.documents.layout.LayoutDetector`, a folder holding one, or ``None``
+            (the bundled detector).
+        drafter: ``None`` (plain ``model.generate`` per batch) or a drafter / spec for :func:`mmspec.generate`
+            (speculative decoding inside each row).
+        prompt: the block prompt (the docs workload's first block prompt by default).
+        max_new_tokens: tokens per block at most (a block ends at the target's end of turn well before).
+        max_rows: rows per batch at most (longer lists of blocks go in several batches, similar heights
+            together).
+    """
+
+    def __init__(self, pipe, layout=None, drafter=None, prompt: str | None = None, max_new_tokens: int = 512,
+                 max_rows: int = 64):
+        from mmspec.registry import make_drafter
+
+        from ..workloads.docs import BLOCK_PROMPTS
+
+        if max_new_tokens < 1 or max_rows < 1:
+            raise InvalidInputError(f"max_new_tokens and max_rows must be positive (got {max_new_tokens}, {max_rows})")
+        if layout is None:
+            layout = bundled_layout()
+            if layout is None:
+                raise InvalidInputError("no layout detector bundled; pass layout=DIR (from `mmspec train-layout`)")
+        self.layout = layout if isinstance(layout, LayoutDetector) else LayoutDetector.from_pretrained(layout)
+        self.pipe = pipe
+        self.drafter = make_drafter(drafter, pipe.model) if drafter is not None else None
+        self.prompt = prompt or BLOCK_PROMPTS[0]
+        self.max_new_tokens, self.max_rows = int(max_new_tokens), int(max_rows)
+
+    def detect(self, pages: list) -> list[list[dict]]:
+        """The layout stage alone: each page's blocks (``type``, ``box``, ``score``, ``order``)."""
+        return self.layout.detect(pages)
+
+    def crops(self, page, blocks: list[dict]) -> list[Image.Image]:
+        """The block canvases of one page (:func:`block_canvas`), in the order of ``blocks``."""
+        paper = paper_colour(page)
+        return [block_canvas(page, b["box"], paper) for b in blocks]
+
+    def decode_rows(self, images: list) -> tuple[list[str], list[int], list[bool], SpecStats | None]:
+        """Decode block canvases as rows of batches (at most ``max_rows`` each, rows of similar height
+        together): each row's text, its new tokens (end of turn included), whether it was cut at
+        ``max_new_tokens`` (no end of turn), and the pooled stats (``None`` without a drafter)."""
+        from mmspec.decode import generate
+
+        texts, counts, cut = [""] * len(images), [0] * len(images), [False] * len(images)
+        stats = None
+        order = sorted(range(len(images)), key=lambda i: images[i].height)
+        model = self.pipe.model
+        eos = model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        for s in range(0, len(order), self.max_rows):
+            idx = order[s:s + self.max_rows]
+            inputs = self.pipe.prepare(images=[[images[i]] for i in idx], prompt=[self.prompt] * len(idx))
+            inputs = inputs.to(model.device)
+            with torch.no_grad():
+                if self.drafter is None:
+                    seq = model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False)
+                else:
+                    out = generate(model, inputs, drafter=self.drafter, max_new_tokens=self.max_new_tokens,
+                                   do_sample=False)
+                    seq = out.sequences
+                    stats = out.stats if stats is None else stats.merge(out.stats)
+            plen = inputs["input_ids"].shape[1]
+            for i, row, text in zip(idx, seq[:, plen:].tolist(), self.pipe.decode_new(seq, plen)):
+                stop = next((k for k, t in enumerate(row) if t in eos), None)
+                texts[i], counts[i], cut[i] = text, (len(row) if stop is None else stop + 1), stop is None
+        return texts, counts, cut, stats
+
+    def parse(self, pages: list, blocks: list | None = None) -> HierarchicalResult:
+        """Decode ``pages`` (PIL images): layout (unless ``blocks`` gives each page's blocks), then every block of
+        every page as one row, then each page assembled in reading order.
+
+        Example:
+            >>> res = hp.parse([page1, page2])                                         # doctest: +SKIP
+            >>> res.pages[0].text, res.timings["layout"], res.stats.tau                  # doctest: +SKIP
+        """
+        if not pages:
+            raise InvalidInputError("no pages to parse")
+        t0 = time.perf_counter()
+        if blocks is None:
+            blocks = self.detect(pages)
+        t1 = time.perf_counter()
+        images, owner = [], []
+        for p, (page, bl) in enumerate(zip(pages, blocks)):
+            images += self.crops(page, bl)
+            owner += [p] * len(bl)
+        texts, counts, cut, stats = self.decode_rows(images) if images else ([], [], [], None)
+        t2 = time.perf_counter()
+        out, k = [], 0
+        for bl in blocks:
+            mine = texts[k:k + len(bl)]
+            done = [dict(b, text=t.strip(), new_tokens=c) for b, t, c in zip(bl, mine, counts[k:k + len(bl)])]
+            out.append(HierarchicalPage(assemble(bl, mine), done, sum(cut[k:k + len(bl)])))
+            k += len(bl)
+        return HierarchicalResult(out, stats, {"layout": t1 - t0, "decode": t2 - t1}, rows=len(images))
