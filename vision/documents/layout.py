@@ -221,11 +221,10 @@ class LayoutDetector(nn.Module):
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, path) -> None:
         """Write ``config.json`` and ``model.safetensors`` (float16 weights) to ``path``."""
-        from safetensors.torch import save_file
+        from mmspec.checkpoints import save_state_compact
 
         os.makedirs(path, exist_ok=True)
-        state = {k: (v.half() if v.is_floating_point() else v).contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(path, "model.safetensors"))
+        save_state_compact(self.state_dict(), os.path.join(path, "model.safetensors"), torch.float16)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(self.config, f, indent=2)
 
