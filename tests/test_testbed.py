@@ -300,3 +300,54 @@ def test_grow_target_is_the_same_function_with_more_layers(tiny, examples, tmp_p
     assert set(carried) == {"reader", "locator"} and torch.equal(carried["reader"]["w"], torch.ones(2))
     with pytest.raises(InvalidInputError, match="only adds layers"):
         grow_target(str(out), str(tmp_path / "smaller"), text_layers=2, progress=False)
+
+
+@pytest.mark.slow
+def test_remerge_target_gives_one_vision_token_per_patch_and_trains(tiny, examples, tmp_path):
+    """``remerge --merge 1``: config and processor agree (the batch has one image token per patch, the labels still
+    cover exactly the answer), tower and text model carried, the merger's MLP new, the locator carried and the
+    patch reader left behind; the reading targets and patch reader follow the new cells, and training runs."""
+    from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+    from mmspec.errors import InvalidInputError
+    from mmspec.vision.testbed import PatchReader, merge_size, remerge_target
+
+    model, processor = tiny
+    src, out = tmp_path / "src", tmp_path / "m1"
+    model.save_pretrained(src)
+    processor.save_pretrained(src)
+    torch.save({"reader": {"w": torch.ones(2)}, "locator": {"w": torch.zeros(3)}, "optimizer": {}}, src / "state.pt")
+    remerge_target(str(src), str(out), merge=1, progress=False)
+    m1 = Qwen2VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
+    p1 = AutoProcessor.from_pretrained(out)
+    assert m1.config.vision_config.spatial_merge_size == 1 and merge_size(p1) == 1 and merge_size(processor) == MERGE
+    old, new = model.state_dict(), m1.state_dict()
+    assert torch.equal(old["model.visual.blocks.0.attn.qkv.weight"], new["model.visual.blocks.0.attn.qkv.weight"])
+    assert torch.equal(old["lm_head.weight"], new["lm_head.weight"])
+    assert old["model.visual.merger.mlp.0.weight"].shape != new["model.visual.merger.mlp.0.weight"].shape
+    assert set(torch.load(out / "state.pt", weights_only=True)) == {"locator"}
+    batch = make_batch(p1, examples)
+    image_id = p1.tokenizer.convert_tokens_to_ids(p1.image_token)
+    per_image = batch["image_grid_thw"].prod(-1)
+    assert ((batch["input_ids"] == image_id).sum(1) == per_image).all()  # one token per patch (4x merge 2's)
+    for i, ex in enumerate(examples):
+        ids = batch["input_ids"][i][batch["labels"][i] != -100]
+        assert p1.tokenizer.decode(ids[:-1]).strip() == ex.target.strip()
+    where = reading_targets(p1, examples, batch)
+    docs = 0  # a docs page's first drawn character sits in the patch its reading target names
+    ex = examples[docs]
+    run = next(r for r in ex.meta["runs"] if r.get("chars") and r["text"][0] != " ")
+    gw = int(batch["image_grid_thw"][docs, 2])
+    cells = (batch["input_ids"][docs] == image_id).nonzero().flatten()
+    x, y = (run["chars"][0] + run["chars"][1]) / 2, (run["box"][1] + run["box"][3]) / 2
+    assert int(cells[int(y) // PATCH * gw + int(x) // PATCH]) in where[docs].tolist()
+    grid = tuple(batch["image_grid_thw"][docs, 1:].tolist())
+    assert aux_targets(ex, grid, 1).shape == (grid[0] * grid[1], 1, len(CHARSET))
+    assert PatchReader(8, 5, merge=1)(torch.zeros(3, 8)).shape == (3, 1, 5)
+    cfg = TargetTrainConfig(out=str(tmp_path / "run"), init=str(out), size="tiny", steps=1, batch_size=2,
+                            save_every=1, warmup=1, track_weight=0.5, probe_warmup=1)
+    train_target(cfg, progress=False)
+    log = json.loads((tmp_path / "run" / "train_log.jsonl").read_text().splitlines()[0])
+    assert log["aux_loss"] > 0 and log["read_loss"] > 0 and log["locate_loss"] > 0
+    with pytest.raises(InvalidInputError, match="merge must be"):
+        remerge_target(str(src), str(tmp_path / "bad"), merge=3, progress=False)
