@@ -7,6 +7,14 @@ the first cell with nothing committed above it (``k_v`` rows of reach), newline 
 hidden states of the last committed code and of the committed cell straight above (masked when there is none), and
 the chain goes to the target.
 
+Options (run time, ``spatial;draft=argmax;jacobi=true``): ``draft`` ``"sample"`` draws each slot from the head's
+distribution (``draft_temperature``) and hands it to the rule as ``q``; ``"argmax"`` proposes the head's most likely
+code (a deterministic draft: accepted with probability ``p(x)``), which on the bundled generator accepts more. With
+``jacobi=true`` the slots the last verify pass already scored past its first rejection (on a prefix that held the
+rejected draft) are drafted from the target's own distributions there, as SJD carries them, and the head fills the
+rest of the plan; both are drafts like any other, so the modes below keep their guarantees. The bundled head
+(``image_ar/assets/spatial-head``) ships with ``draft_len=20, draft=argmax, jacobi=true``.
+
 Two modes:
 
 * **lossless** (default): the chain is verified by the core's standard rule (greedy equality; speculative sampling
@@ -60,6 +68,9 @@ class SpatialDrafter(TrainableDrafter):
         k_h: horizontal reach along the current row; k_v: vertical reach (rows below a committed cell).
         draft_len: at most this many slots a round.
         rounds: ``None`` for the lossless mode; ``r >= 0`` for verify-and-correct with ``r`` correction rounds (lossy).
+        draft: ``"sample"`` (from the head, ``q`` given to the rule) or ``"argmax"`` (deterministic drafts).
+        draft_temperature: the head's temperature for sampled drafts.
+        jacobi: draft the slots the last pass scored past its first rejection from the target's distributions there.
         num_layers, intermediate_size, max_delta, rms_eps: the head's shape (:class:`SpatialHead`).
         layer_id: the target ``hidden_states`` index the head reads (its last layer).
     """
@@ -69,8 +80,15 @@ class SpatialDrafter(TrainableDrafter):
     def __init__(self, hidden_size: int, n_codes: int, height: int, width: int, newline: bool = False,
                  newline_token: int | None = None, k_h: int = 5, k_v: int = 1, draft_len: int = 16,
                  rounds: int | None = None, num_layers: int = 2, intermediate_size: int | None = None,
-                 max_delta: int = 64, rms_eps: float = 1e-6, layer_id: int = -1, fingerprint: dict | None = None):
+                 max_delta: int = 64, rms_eps: float = 1e-6, layer_id: int = -1, draft: str = "sample",
+                 draft_temperature: float = 1.0, jacobi: bool = False, fingerprint: dict | None = None):
         super().__init__(fingerprint=fingerprint)
+        if draft not in ("sample", "argmax"):
+            raise InvalidInputError(f"spatial draft must be 'sample' or 'argmax' (got {draft!r})")
+        if isinstance(draft_temperature, bool) or not isinstance(draft_temperature, (int, float)) \
+                or not draft_temperature > 0:
+            raise InvalidInputError(f"spatial draft_temperature must be a number > 0 (got {draft_temperature!r})")
+        self.draft, self.draft_temperature, self.jacobi = draft, float(draft_temperature), bool(jacobi)
         self.k_h, self.k_v = _int_opt("k_h", k_h), _int_opt("k_v", k_v, 0)
         self.draft_len = _int_opt("draft_len", draft_len)
         self.rounds = None if rounds is None else _int_opt("rounds", rounds, 0)
@@ -106,7 +124,8 @@ class SpatialDrafter(TrainableDrafter):
                 "newline": self.newline, "newline_token": self.newline_token, "k_h": self.k_h, "k_v": self.k_v,
                 "draft_len": self.draft_len, "rounds": self.rounds, "num_layers": self.num_layers,
                 "intermediate_size": self.intermediate_size, "max_delta": self.max_delta, "rms_eps": self.rms_eps,
-                "layer_id": self.layer_id}
+                "layer_id": self.layer_id, "draft": self.draft, "draft_temperature": self.draft_temperature,
+                "jacobi": self.jacobi}
 
     @classmethod
     def from_target(cls, target, tokenizer=None, grid=None, seed: int | None = None, **kw) -> "SpatialDrafter":
@@ -174,7 +193,8 @@ class SpatialDrafter(TrainableDrafter):
         self._paths: dict = {}  # row -> accepted path of the last pass (ingested at the next propose)
         self._carry: dict = {}  # lossy mode: row -> [(token, q)] corrected drafts awaiting their next pass
         self._passes: dict = {}  # lossy mode: row -> correction passes its carried block has had
-        self._counts = {"drafted": 0, "corrected": 0, "committed_whole": 0}
+        self._stale: dict = {}  # jacobi: row -> {seq index: (token, q)} from the last pass's unaccepted slots
+        self._counts = {"drafted": 0, "jacobi": 0, "corrected": 0, "committed_whole": 0}
 
     def counters(self) -> dict:
         return dict(self._counts)
@@ -247,46 +267,71 @@ class SpatialDrafter(TrainableDrafter):
         return tree
 
     def _draft(self, ctx: DraftContext, plans: dict, trees: list) -> None:
-        """Every planned slot of every row in one head call; newline slots forced."""
+        """Every planned slot of every row in one head call; newline slots forced; with ``jacobi``, slots the last
+        pass already scored (past its first rejection) take the target's own draft from that pass instead."""
+        sampled = ctx.do_sample and self.draft == "sample"  # else deterministic drafts (a one-hot q)
         cols = {k: [] for k in ("slot_row", "seq", "last", "above", "delta", "dv", "row", "col")}
         for i, plan in plans.items():
             r = ctx.rows[i]
             n_done = len(ctx.sequences[i]) - ctx.prompt_lengths[i]
-            ins = slot_inputs(plan, n_done, self.raster, self.k_v)
+            stale = self._stale.get(r, {})
+            ins = slot_inputs([x for x in plan if x.seq not in stale], n_done, self.raster, self.k_v)
             cols["slot_row"] += [r] * len(ins["seq"])
             for k, v in ins.items():
                 cols[k] += v
         dev = self._feats.device
-        logits = None
         if cols["seq"]:
             t = {k: torch.tensor(v, dtype=torch.long, device=dev) for k, v in cols.items()}
             logits = self.head(self._feats, self._codes, t["slot_row"], t["last"], t["above"], t["delta"], t["dv"],
                                t["row"], t["col"])
-            if ctx.do_sample:
-                q = torch.softmax(logits, dim=-1)
+            if sampled:
+                q = torch.softmax(logits / self.draft_temperature, dim=-1)
                 g = ctx.generator
                 draws = torch.multinomial(q.to(g.device) if g is not None else q, 1,
-                                          generator=g).squeeze(-1).to(dev)
+                                          generator=g).squeeze(-1).tolist()
                 full_q = torch.nn.functional.pad(q, (self.offset, 0)).cpu()  # over the target's whole vocabulary
             else:
-                draws = logits.argmax(dim=-1)
+                draws = logits.argmax(dim=-1).tolist()
         k = 0
         for i, plan in plans.items():
+            stale = self._stale.pop(ctx.rows[i], {})
             tokens, probs = [], []
             for slot in plan:
                 if slot.cell is None:
                     tokens.append(self.newline_token)
                     probs.append(_one_hot(self.newline_token, self.vocab))
-                    continue
-                tokens.append(self.offset + int(draws[k]))
-                if ctx.do_sample:
-                    probs.append(full_q[k])
-                k += 1
+                elif slot.seq in stale:
+                    tok, q_stale = stale[slot.seq]
+                    tokens.append(tok)
+                    probs.append(q_stale if q_stale is not None else _one_hot(tok, self.vocab))
+                    self._counts["jacobi"] += 1
+                else:
+                    tokens.append(self.offset + int(draws[k]))
+                    if sampled:
+                        probs.append(full_q[k])
+                    k += 1
             self._counts["drafted"] += len(tokens)
-            tree = DraftTree.from_chain(tokens, torch.stack(probs) if ctx.do_sample and tokens else None)
+            tree = DraftTree.from_chain(tokens, torch.stack(probs) if sampled and tokens else None)
             if self.lossy:
                 tree.ssd_commit_all, tree.ssd_greedy = False, not ctx.do_sample
             trees[i] = tree
+
+    def _keep_stale(self, ctx: DraftContext, i: int, r: int, tree: DraftTree, a: int, scores) -> None:
+        """``jacobi``: the target's distributions at the chain's slots past the bonus token (computed on a prefix
+        with a rejected draft in it) give next round's drafts there, as SJD carries them: a draw with that
+        distribution as ``q`` when drafts are sampled, else its argmax."""
+        m = len(tree)
+        if not self.jacobi or scores is None or a >= m:
+            return
+        base = len(ctx.sequences[i]) - ctx.prompt_lengths[i]  # the seq index of node 0
+        s = scores[a + 1: m + 1].float()
+        if ctx.do_sample and self.draft == "sample":
+            q = torch.softmax(s, dim=-1)
+            g = ctx.generator
+            toks = torch.multinomial(q.to(g.device) if g is not None else q, 1, generator=g).squeeze(-1).tolist()
+            self._stale[r] = {base + a + 1 + j: (int(t), q[j].cpu()) for j, t in enumerate(toks)}
+        else:
+            self._stale[r] = {base + a + 1 + j: (int(t), None) for j, t in enumerate(s.argmax(dim=-1).tolist())}
 
     @torch.no_grad()
     def observe(self, ctx: DraftContext, result: RoundResult) -> None:
@@ -297,6 +342,7 @@ class SpatialDrafter(TrainableDrafter):
             tree, path = result.trees[i], result.paths[i]
             self._paths[r] = list(path)
             if not self.lossy:
+                self._keep_stale(ctx, i, r, tree, len(path), None if result.scores is None else result.scores[i])
                 continue
             a = len(path)
             if getattr(tree, "ssd_commit_all", False) or a + 1 >= len(tree) or result.scores is None:
@@ -375,7 +421,7 @@ def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, *
     """``"spatial:DIR"`` loads a trained head (checked against the target); ``"spatial"`` alone the head bundled for
     the target; ``"spatial;untrained=true"`` a random one (tests). Run-time options (``draft_len``, ``k_h``, ``k_v``,
     ``rounds``) override the saved ones; ``rounds=null`` is the lossless mode."""
-    run = {k: options.pop(k) for k in ("draft_len", "k_h", "k_v", "rounds") if k in options}
+    run = {k: options.pop(k) for k in _RUN_OPTIONS if k in options}
     seed = options.pop("seed", None)
     if not path and not untrained:
         path = bundled_spatial_head(target_model)
@@ -405,11 +451,24 @@ def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, *
     return drafter
 
 
+_RUN_OPTIONS = ("draft_len", "k_h", "k_v", "rounds", "draft", "draft_temperature", "jacobi")
+
+
 def _check_run_options(run: dict) -> None:
     for k, v in run.items():
         if k == "rounds" and v is None:
             continue
-        _int_opt(k, v, 0 if k in ("k_v", "rounds") else 1)
+        if k == "draft":
+            if v not in ("sample", "argmax"):
+                raise InvalidInputError(f"spatial draft must be 'sample' or 'argmax' (got {v!r})")
+        elif k == "jacobi":
+            if not isinstance(v, bool):
+                raise InvalidInputError(f"spatial jacobi must be true or false (got {v!r})")
+        elif k == "draft_temperature":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise InvalidInputError(f"spatial draft_temperature must be a number > 0 (got {v!r})")
+        else:
+            _int_opt(k, v, 0 if k in ("k_v", "rounds") else 1)
 
 
 def bundled_spatial_head(target_model) -> str | None:
@@ -450,8 +509,7 @@ def check_spec(spec: str) -> None:
     from mmspec.registry import _spec_options
 
     options = _spec_options(spec, spec.split(";")[1:])
-    known = {"draft_len", "k_h", "k_v", "rounds", "untrained", "seed"}
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - set(_RUN_OPTIONS) - {"untrained", "seed"})
     if unknown:
-        raise InvalidInputError(f"unknown spatial options {unknown}; run options: draft_len, k_h, k_v, rounds")
-    _check_run_options({k: v for k, v in options.items() if k in ("draft_len", "k_h", "k_v", "rounds")})
+        raise InvalidInputError(f"unknown spatial options {unknown}; run options: {', '.join(_RUN_OPTIONS)}")
+    _check_run_options({k: v for k, v in options.items() if k in _RUN_OPTIONS})

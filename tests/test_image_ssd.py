@@ -36,7 +36,7 @@ def test_spatial_greedy_equals_ar_at_batch(small, cfg_scale):
     model, tok, vq = small
     ids, mask = _request_ids(tok, PROMPTS)  # three prompts of different lengths: left padding
     ar = generate_codes(model, ids, mask, tok, 16, cfg_scale, do_sample=False)
-    for kw in (dict(k_h=2, k_v=1, draft_len=6), dict(k_h=3, k_v=2, draft_len=16)):
+    for kw in (dict(k_h=2, k_v=1, draft_len=6), dict(k_h=3, k_v=2, draft_len=16, jacobi=True)):
         d = _drafter(model, **kw)
         codes, stats = speculative_codes(model, ids, mask, tok, 16, d, cfg_scale=cfg_scale, do_sample=False)
         assert torch.equal(codes, ar), kw
@@ -57,7 +57,9 @@ def test_spatial_newline_grid_greedy(small):
 
 
 # ================================================================================== lossless mode, sampling law
-LAW = {"T1": dict(scale=1.0, temperature=1.0, top_k=None), "cfg1.5-T0.9-top2": dict(scale=1.5, temperature=0.9, top_k=2)}
+LAW = {"T1": dict(scale=1.0, temperature=1.0, top_k=None, drafter={}),
+       "cfg1.5-T0.9-top2-jacobi": dict(scale=1.5, temperature=0.9, top_k=2, drafter=dict(jacobi=True)),
+       "T1-argmax-jacobi": dict(scale=1.0, temperature=1.0, top_k=None, drafter=dict(jacobi=True, draft="argmax"))}
 
 
 @pytest.mark.slow
@@ -70,7 +72,7 @@ def test_spatial_sampling_matches_exact_law(tiny, name):
     g = torch.Generator().manual_seed(99)
     counts, pooled = Counter(), None
     for _ in range(calls):
-        d = SpatialDrafter.from_target(tiny, grid=2, k_h=1, k_v=1, draft_len=3, seed=0)
+        d = SpatialDrafter.from_target(tiny, grid=2, k_h=1, k_v=1, draft_len=3, seed=0, **opts["drafter"])
         codes, stats = speculative_codes(tiny, ids, torch.ones_like(ids), _Tok(), N_CODES, d, cfg_scale=opts["scale"],
                                          temperature=opts["temperature"], top_k=opts["top_k"], generator=g)
         counts.update(tuple(r) for r in codes.tolist())
@@ -187,6 +189,10 @@ def test_save_load_registry_and_refusal(small, tmp_path):
         check_spec("spatial;draft_len=0")
     with pytest.raises(InvalidInputError):
         check_spec("spatial;bogus=1")
+    with pytest.raises(InvalidInputError):
+        check_spec("spatial;jacobi=maybe")
+    with pytest.raises(InvalidInputError):
+        make_drafter(f"spatial:{tmp_path / 'h'};k_v=3", model)  # trained for k_v <= 1
     pipe = ImageARPipeline(model, tok, vq, grid=4, drafter=f"spatial:{tmp_path / 'h'}")
     plain = ImageARPipeline(model, tok, vq, grid=4)
     pipe(PROMPTS[:2], seed=0, do_sample=False)
@@ -217,3 +223,19 @@ def test_mmspec_train_spatial_end_to_end(small, tmp_path):
     ar = generate_codes(model, ids, mask, tok, 16, 1.0, do_sample=False)
     codes, _ = speculative_codes(model, ids, mask, tok, 16, d, do_sample=False)
     assert torch.equal(codes, ar)
+
+
+@pytest.mark.slow
+def test_bundled_head_on_the_bundled_generator():
+    """The shipped head loads by name for the shipped generator and drafts its greedy images exactly, many codes a
+    pass (a head that drafted nothing useful would show tau near 1)."""
+    from mmspec.image_ar.generator import bundled_generator
+
+    torch.set_num_threads(1)
+    pipe = ImageARPipeline.from_pretrained(bundled_generator(), dtype=torch.float32)
+    d = make_drafter("spatial", pipe.model)
+    assert d.jacobi and d.draft == "argmax"
+    ids, mask = _request_ids(pipe.tokenizer, PROMPTS[:2])
+    ar = generate_codes(pipe.model, ids, mask, pipe.tokenizer, 256, 1.0, do_sample=False)
+    codes, stats = speculative_codes(pipe.model, ids, mask, pipe.tokenizer, 256, d, do_sample=False)
+    assert torch.equal(codes, ar) and stats.lossless and stats.tau > 3, stats
