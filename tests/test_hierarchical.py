@@ -173,6 +173,7 @@ def test_bench_records_of_the_hierarchical_system(tiny_vlm, tmp_path):
         assert split["full_page_ar"]["char_error_rate"] == r["ar_char_error_rate"]
         assert split["gain_parallel_blocks"] > 0 and split["full_page_ar"]["truncated"] == 2  # 6-token cap
         assert r["pages_per_s_vs_ar"] == pytest.approx(r["pages_per_s"] / split["full_page_ar"]["pages_per_s"])
+        assert split["full_page_ar"]["new_tokens"] == 2 * 6 and r["new_tokens"] == 6 * split["hierarchical_ar"]["rows"]
     spec = recs["hierarchical;page_tokens=6;block_tokens=6;drafter=lookup"]
     assert spec["tau"] >= 1 and spec["split"]["full_page_spec_identical_to_ar"] is True
     assert spec["split"]["hierarchical_spec_identical_to_hierarchical_ar"] is True

@@ -122,7 +122,7 @@ class _Run:
         self.parser = (HierarchicalParser(pipe, opts["layout"], drafter=self.drafter,
                                           max_new_tokens=opts["block_tokens"]) if mode == "hierarchical" else None)
         self.time, self.batch_times, self.texts, self.stats = 0.0, [], [], None
-        self.truncated, self.rows, self.layout_time, self.status = 0, 0, 0.0, "ok"
+        self.truncated, self.rows, self.layout_time, self.status, self.new_tokens = 0, 0, 0.0, "ok", 0
 
     @property
     def key(self):
@@ -133,7 +133,8 @@ class _Run:
             self.drafter.forget()
 
     def run(self, pages: list) -> tuple:
-        """(texts, seconds, stats, truncated, rows, layout seconds) for ``pages`` (PIL images)."""
+        """(texts, seconds, stats, truncated, rows, layout seconds, new tokens) for ``pages`` (PIL images); new
+        tokens count each row's up to its end of turn."""
         from mmspec.decode import generate
 
         from ..workloads.docs import PAGE_PROMPTS
@@ -144,7 +145,7 @@ class _Run:
             res = self.parser.parse(pages)
             seconds = time.perf_counter() - t0
             return ([p.text for p in res.pages], seconds, res.stats, sum(p.truncated for p in res.pages), res.rows,
-                    res.timings["layout"])
+                    res.timings["layout"], sum(b["new_tokens"] for p in res.pages for b in p.blocks))
         inputs = self.pipe.prepare(images=[[p] for p in pages], prompt=[PAGE_PROMPTS[0]] * len(pages)).to(model.device)
         with torch.no_grad():
             if self.drafter is None:
@@ -157,8 +158,10 @@ class _Run:
         plen = inputs["input_ids"].shape[1]
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
-        cut = sum(not any(t in eos for t in row) for row in seq[:, plen:].tolist())
-        return self.pipe.decode_new(seq, plen), seconds, stats, cut, len(pages), 0.0
+        rows = seq[:, plen:].tolist()
+        cut = sum(not any(t in eos for t in row) for row in rows)
+        new = sum(next((k + 1 for k, t in enumerate(row) if t in eos), len(row)) for row in rows)
+        return self.pipe.decode_new(seq, plen), seconds, stats, cut, len(pages), 0.0, new
 
 
 def _summary(run: _Run, n_pages: int, refs: list, gold: list) -> dict:
@@ -173,7 +176,9 @@ def _summary(run: _Run, n_pages: int, refs: list, gold: list) -> dict:
             "exact_tables": (sum(f for f, _ in tables) / sum(t for _, t in tables)) if sum(t for _, t in tables)
             else None,
             "tau": run.stats.tau if run.stats is not None else (1.0 if run.status == "ok" else None),
-            "truncated": run.truncated, "rows": run.rows, "layout_s": run.layout_time, "status": run.status}
+            "truncated": run.truncated, "rows": run.rows, "layout_s": run.layout_time, "status": run.status,
+            "new_tokens": run.new_tokens, "tokens_per_s": run.new_tokens / run.time if run.time else None,
+            "chars_per_page": sum(len(t) for t in run.texts) / max(1, len(run.texts))}
 
 
 def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True, bundled=()) -> list[dict]:
@@ -232,7 +237,7 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
                         if r.status != "ok":
                             continue
                         try:
-                            texts, seconds, stats, cut, rows, lay = r.run(images)
+                            texts, seconds, stats, cut, rows, lay, new = r.run(images)
                         except Exception as e:  # noqa: BLE001
                             if r.key == ("full-page", None):
                                 raise
@@ -244,6 +249,7 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
                         r.truncated += cut
                         r.rows += rows
                         r.layout_time += lay
+                        r.new_tokens += new
                         if stats is not None:
                             r.stats = stats if r.stats is None else r.stats.merge(stats)
             by_key = {r.key: r for r in runs}
@@ -297,6 +303,7 @@ def _record(workload: str, spec: str, p: dict, bs: int, n: int, pipe, runs, summ
         accepted_hist=list(stats.accepted_hist) if stats else None,
         ceiling_rounds=stats.ceiling_rounds if stats else None,
         forwards_per_token=stats.forwards_per_token if stats else None, time_s=main.time,
+        new_tokens=s["new_tokens"], tokens_per_s=s["tokens_per_s"],
         quality={"char_error_rate": s["char_error_rate"], "exact_match": s["exact_pages"],
                  "exact_blocks": s["exact_blocks"], "exact_tables": s["exact_tables"], "n": n},
         lossless=stats.lossless if stats else True, identical_to_ar=None, identical_rate=None, divergences=[],
