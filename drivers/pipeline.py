@@ -164,6 +164,11 @@ class DrivingPipeline(MMSpecPipeline):
                 raise InvalidImageError(f"frame {i}: {e}") from e
         return images
 
+    @property
+    def tokenizer(self):
+        """The backbone's tokenizer (what ``mmspec train`` fingerprints a drafter with)."""
+        return self.vla.processor.tokenizer
+
     def prepare(self, images=None, prompt=None) -> dict:
         """The backbone's processor inputs for one request (chat template, frames), exactly as a plain :meth:`step`
         sends them to ``generate``: what ``mmspec train`` (whose data stage calls ``pipe.prepare``) regenerates the
