@@ -52,7 +52,8 @@ __all__ = ["bench_images", "parse_image_system", "DEFAULT_SYSTEMS"]
 
 DEFAULT_SYSTEMS = ("ar",)
 _USAGE = ("image systems: 'ar', 'sjd' (options draft_len=N, init=random|repeat, branch=K) or 'spatial[:DIR]' (options "
-          "draft_len=N, k_h=N, k_v=N, rounds=R: lossy verify-and-correct), each with optional "
+          "draft_len=N, k_h=N, k_v=N, draft=argmax|sample, jacobi=true|false, rounds=R: lossy verify-and-correct), each "
+          "with optional "
           "';rule=NAME:key=value' (not ar) and ';cfg_scale=S'")
 
 
