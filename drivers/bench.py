@@ -56,13 +56,15 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
 
 
 # ---------------------------------------------------------------------------- mmspec drive-sim
-SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False},
+SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False,
+                                        "spec": False},
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
-               "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2},
-               "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system",
+               "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2, "spec": False},
+               "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
                "flashdrive": True, "flashdrive-refresh2": {"refresh_every": 2}}
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
-mechanism off: a control for the mechanisms measured alone), each mechanism alone, and ``flashdrive`` (all)."""
+mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
+which needs a drafter for the VLA), and ``flashdrive`` (all; speculative reasoning when a drafter fits)."""
 
 
 def stage_record(system: str, stages: dict, quality: dict, note: str, dtype, exact: bool, budget_ms: float,
@@ -97,7 +99,7 @@ def _ade(a, b) -> float:
 
 def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks: int = 8, warmup: int = 3,
               closed: int = 2, seconds: float = 6.0, budget_ms: float = 100.0, samples: int = 6, seed: int = 0,
-              dtype="float32", clips_dir: str | None = None, progress: bool = True) -> list[dict]:
+              dtype="float32", clips_dir: str | None = None, progress: bool = True, drafter=None) -> list[dict]:
     """``mmspec drive-sim``: the driving-simulation latency loop, one record per system.
 
     **Open loop**: ``clips`` clips (the expert's drives of test scenarios, all kinds in turn) are written as video

@@ -377,21 +377,26 @@ def test_drive_sim_command_writes_records(two_layer, tmp_path):
 
     model = str(tmp_path / "vla")
     two_layer.save_pretrained(model)
+    _glance(two_layer).save_pretrained(str(tmp_path / "drafter"))
     out = tmp_path / "sim.json"
-    rc = main(["drive-sim", "--model", model, "--systems", "plain,flashdrive,stream", "--clips", "1", "--ticks", "2",
-               "--warmup", "1", "--closed-loop", "1", "--seconds", "2.3", "--samples", "2", "--threads", "1",
-               "--clips-dir", str(tmp_path / "clips"), "--json", str(out), "--no-progress", "--step-study", "1"])
+    rc = main(["drive-sim", "--model", model, "--systems", "plain,flashdrive,stream,spec", "--clips", "1", "--ticks",
+               "2", "--warmup", "1", "--closed-loop", "1", "--seconds", "2.3", "--samples", "2", "--threads", "1",
+               "--clips-dir", str(tmp_path / "clips"), "--json", str(out), "--no-progress", "--step-study", "1",
+               "--drafter", str(tmp_path / "drafter")])
     assert rc == 0
     data = json.loads(out.read_text())
     recs, study = data["results"], {r["variant"]: r for r in data["step_cache_study"]}
     assert study["uniform 3"]["drift_m"] == 0.0 and study["uniform 2"]["head_calls"] == 2
     assert study["adaptive 0.1"]["head_calls"] <= 3
-    assert [r["system"] for r in recs] == ["plain", "flashdrive", "stream"]
+    assert [r["system"] for r in recs] == ["plain", "flashdrive", "stream", "spec"]
     for r in recs:
         lat, q = r["latency_ms"], r["quality"]
         assert {"encode", "prefill", "decode", "action", "total", "p50", "p90"} <= set(lat) and r["hz"] > 0
         assert {"min_ade", "min_ade_2", "collision_rate", "offroad_rate", "red_light_rate", "n_scenarios"} <= set(q)
         assert q["n_scenarios"] == 1 and q["n_open_loop_ticks"] == 2
-    assert recs[0]["exact"] and not recs[1]["exact"]
+    assert recs[0]["exact"] and not recs[1]["exact"] and recs[3]["exact"]
     assert recs[0]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
+    assert recs[3]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
+    assert recs[3]["spec"]["tau"] >= 1.0 and recs[1]["spec"]["target_forwards"] <= recs[1]["spec"]["target_forwards_plain"]
+    assert recs[3]["stage_ratio_vs_plain"]["decode"] > 0 and recs[0]["stage_ratio_vs_plain"]["total"] == 1.0
     assert recs[2]["quality"]["stream_reuse_rate"] > 0.5
