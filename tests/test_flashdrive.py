@@ -195,6 +195,31 @@ def test_speculative_reasoning_accepts_and_stops_inside_a_block(bundled):
     assert inside  # at least one reasoning ended inside an accepted block
 
 
+@pytest.mark.slow
+def test_bundled_drafter_through_from_pretrained(bundled):
+    """``from_pretrained(vla, drafter="auto")``: the bundled drafter fits the bundled VLA, runs on the exact
+    mechanisms, and its reasoning is the VLA's own greedy reasoning while accepting more than one token a pass."""
+    from mmspec import MMSpecPipeline
+    from mmspec.drivers.flashdrive import bundled_drafter
+    from mmspec.drivers.train_vla import bundled_vla
+    from mmspec.workloads import get_workload
+
+    if bundled_drafter() is None:
+        pytest.skip("no bundled drafter")
+    pipe = MMSpecPipeline.from_pretrained(bundled_vla(), drafter="auto", dtype="float32")
+    assert pipe.engine.drafter is not None and pipe.flashdrive.exact
+    from mmspec.drivers import DrivingPipeline
+
+    plain = DrivingPipeline(bundled)
+    tokens = rounds = 0
+    for i, ex in enumerate(get_workload("driving").examples("test", 3)):
+        ref = plain.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=i)
+        got = pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=i)
+        assert got["tokens"] == ref["tokens"]
+        tokens, rounds = tokens + len(got["tokens"]) - 1, rounds + got["spec_rounds"]
+    assert tokens / rounds > 1.5
+
+
 def test_streaming_speculative_reasoning_reads_the_prompt_in_prompt_order(one_layer, world):
     """With streaming over two cameras the cache holds the new frames after the kept ones; the drafter must still
     get its states in prompt order: its layer-0 states (embeddings, exact under streaming) equal a full
