@@ -83,14 +83,21 @@ def write_clip(out_dir: str, split: str, index: int, seconds: float = 8.0, camer
     """Simulate scenario ``index`` of ``split`` for ``seconds`` with the expert, render every tick for each
     camera, and write the videos and the ego log; returns the path prefix ``out_dir/<id>``.
 
-    A clip already on disk (its ``.npz`` is written last) is left as it is, so a killed job resumes.
+    A clip already on disk (its ``.npz`` is written last) is left as it is, so a killed job resumes; unless it was
+    written with another seed, kind, cameras or size, or is shorter than ``seconds`` (a shorter run's clip): then it is
+    written again.
     """
     os.makedirs(out_dir, exist_ok=True)
     clip_id = f"{split}-{index:06d}"
     prefix = os.path.join(out_dir, clip_id)
-    if os.path.isfile(prefix + ".npz"):
-        return prefix
     scn = scenario_for(split, index, seed, kind)
+    if os.path.isfile(prefix + ".npz"):
+        with np.load(prefix + ".npz") as z:
+            old, ticks = json.loads(str(z["meta"])), int(z["ego"].shape[0])
+        same = (old.get("seed"), old.get("kind"), old.get("cameras"), old.get("size")) == (
+            seed, scn.kind, list(cameras), list(size))
+        if same and ticks >= int(round(seconds / DT)) + 1:
+            return prefix
     sim = simulate(scn, seconds)
     for cam in cameras:
         write_video(f"{prefix}.{cam}.mp4", [render_frame(sim, k, cam, size) for k in range(sim.ticks)])

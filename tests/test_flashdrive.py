@@ -360,6 +360,17 @@ def test_streaming_replay_of_a_written_clip(one_layer, tmp_path):
     assert stream.engine.stats["stream_ticks"] == clip.ticks - 17
 
 
+def test_a_clip_on_disk_is_reused_only_when_it_is_the_one_asked_for(tmp_path):
+    """drive-sim runs share a clips folder: a shorter run's clip (or another seed's) is written again, not replayed
+    past its end."""
+    from mmspec.drivers.clips import load_clip, write_clip
+
+    short = load_clip(write_clip(str(tmp_path), "test", 5, seconds=0.5, kind="cruise"))
+    longer = load_clip(write_clip(str(tmp_path), "test", 5, seconds=1.0, kind="cruise"))
+    again = load_clip(write_clip(str(tmp_path), "test", 5, seconds=0.5, kind="cruise"))
+    assert short.ticks < longer.ticks == again.ticks
+
+
 def test_step_cache_threshold_zero_is_the_uncached_integration(two_layer, world):
     from mmspec.drivers.vla import StepCache
 
