@@ -112,7 +112,7 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     every tick (10 Hz); collision, off-road and red-light rates. Latency (per stage: median; ``p50`` / ``p90``) pools
     the timed open-loop ticks and every closed-loop plan; with ``plain`` in the run each record also has
     ``stage_ratio_vs_plain`` (plain's median over this system's, per stage). Systems with speculative reasoning
-    (``drafter``: its ``make_drafter`` spec or folder; default the bundled one) report under ``spec`` the mean
+    (``drafter``: its ``make_drafter`` spec or folder; default the bundled one) report under ``speculation`` the mean
     accepted length ``tau`` (tokens committed per target pass after the prefill, the bonus token counted) and
     ``target_forwards`` against plain greedy's on the same ticks.
 
@@ -236,7 +236,7 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
         n_timed = len(stages[s]["total"])
         if pipes[s].engine is not None and pipes[s].engine.drafter is not None and n_timed:
             # plain greedy makes one pass per token after the first (the prefill's); speculation one per round
-            rec["spec"] = {"tau": d["spec_tokens"] / d["rounds"] if d["rounds"] else None,
+            rec["speculation"] = {"tau": d["spec_tokens"] / d["rounds"] if d["rounds"] else None,
                            "target_forwards": d["rounds"] + n_timed,
                            "target_forwards_plain": d["spec_tokens"] + n_timed,
                            "drafter": pipes[s].engine.spec_note}
@@ -308,8 +308,8 @@ def _sim_run(args) -> int:
               f"{_fmt(k6, '.3f'):>6s} {q['collision_count']:>4d} {q['offroad_count']:>4d} {q['red_light_count']:>4d} "
               f"{r['exact']}")
     for r in recs:
-        if r.get("spec"):
-            sp, ratio = r["spec"], r.get("stage_ratio_vs_plain", {}).get("decode")
+        if r.get("speculation"):
+            sp, ratio = r["speculation"], r.get("stage_ratio_vs_plain", {}).get("decode")
             print(f"{r['system']}: speculative reasoning tau {_fmt(sp['tau'], '.2f')}, target passes "
                   f"{sp['target_forwards']} vs plain greedy's {sp['target_forwards_plain']}, decode stage "
                   f"{_fmt(ratio, '.2f')}x plain's ({sp['drafter']})")

@@ -433,6 +433,7 @@ def test_drive_sim_command_writes_records(two_layer, tmp_path):
     assert recs[0]["exact"] and not recs[1]["exact"] and recs[3]["exact"]
     assert recs[0]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
     assert recs[3]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
-    assert recs[3]["spec"]["tau"] >= 1.0 and recs[1]["spec"]["target_forwards"] <= recs[1]["spec"]["target_forwards_plain"]
+    sp = recs[3]["speculation"]
+    assert sp["tau"] >= 1.0 and sp["target_forwards"] <= sp["target_forwards_plain"]
     assert recs[3]["stage_ratio_vs_plain"]["decode"] > 0 and recs[0]["stage_ratio_vs_plain"]["total"] == 1.0
     assert recs[2]["quality"]["stream_reuse_rate"] > 0.5
