@@ -148,6 +148,9 @@ def test_parse_hierarchical_spec():
     p = parse_hierarchical("hierarchical;pages=dense;block_tokens=64;drafter=eagle;topk=3", ["eagle:/h/e"])
     assert (p["pages"], p["block_tokens"], p["drafter"]) == ("dense", 64, "eagle:/h/e;topk=3")
     assert p["label"] == "hierarchical;pages=dense;block_tokens=64;drafter=eagle;topk=3"
+    # two systems differing only in their layout detector must not share a label
+    a, b = (parse_hierarchical(f"hierarchical;layout={d};drafter=lookup")["label"] for d in ("/a/lay", "/b/lay"))
+    assert a == "hierarchical;layout=/a/lay;drafter=lookup" and a != b
     for bad in ("hierarchical;speed=9", "hierarchical;block_tokens=0", "hierarchical;drafter=", "hierarchical;x"):
         with pytest.raises(InvalidInputError):
             parse_hierarchical(bad)
@@ -162,8 +165,7 @@ def test_bench_records_of_the_hierarchical_system(tiny_vlm, tmp_path):
                       max_new_tokens=4, batch_sizes=[2], threads=1, dtype="float32")
     report = run_bench(cfg, progress=False)
     recs = {r["system"]: r for r in report.results if r["kind"] == "hierarchical"}
-    assert set(recs) == {"hierarchical;page_tokens=6;block_tokens=6",
-                         "hierarchical;page_tokens=6;block_tokens=6;drafter=lookup"}
+    assert set(recs) == {opts, opts + ";drafter=lookup"}
     assert [r["system"] for r in report.results if r["kind"] != "hierarchical"] == ["ar"]
     for name, r in recs.items():
         assert r["status"] == "ok" and r["workload"] == "docs" and r["batch_size"] == 2
@@ -173,12 +175,13 @@ def test_bench_records_of_the_hierarchical_system(tiny_vlm, tmp_path):
         assert split["full_page_ar"]["char_error_rate"] == r["ar_char_error_rate"]
         assert split["gain_parallel_blocks"] > 0 and split["full_page_ar"]["truncated"] == 2  # 6-token cap
         assert r["pages_per_s_vs_ar"] == pytest.approx(r["pages_per_s"] / split["full_page_ar"]["pages_per_s"])
+        assert r["tokens_per_s_vs_ar"] == pytest.approx(r["tokens_per_s"] / split["full_page_ar"]["tokens_per_s"])
+        assert r["lossless"] is False  # the page text differs from full-page decoding by design
         assert split["full_page_ar"]["new_tokens"] == 2 * 6 and r["new_tokens"] == 6 * split["hierarchical_ar"]["rows"]
-    spec = recs["hierarchical;page_tokens=6;block_tokens=6;drafter=lookup"]
+    spec = recs[opts + ";drafter=lookup"]
     assert spec["tau"] >= 1 and spec["split"]["full_page_spec_identical_to_ar"] is True
     assert spec["split"]["hierarchical_spec_identical_to_hierarchical_ar"] is True
-    assert "gain_speculation_hierarchical" in spec["split"] and "full_page_spec" not in recs[
-        "hierarchical;page_tokens=6;block_tokens=6"]["split"]
+    assert "gain_speculation_hierarchical" in spec["split"] and "full_page_spec" not in recs[opts]["split"]
     with pytest.raises(InvalidInputError):
         run_bench(BenchConfig(model=tiny_vlm, workloads=["docs"], systems=["hierarchical;pages=tall"], n=1))
 
@@ -194,6 +197,8 @@ def ending_vlm(tmp_path_factory, tiny_vlm):
 def test_parse_docs_hierarchical_records_blocks(ending_vlm, tmp_path, monkeypatch):
     import json
 
+    from PIL import Image
+
     from mmspec.vision.documents.job import ParseConfig, parse_documents
 
     monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
@@ -201,19 +206,70 @@ def test_parse_docs_hierarchical_records_blocks(ending_vlm, tmp_path, monkeypatc
     src.mkdir()
     for i, ex in enumerate(DocsWorkload(mode="page").examples("test", 2)):
         ex.images[0].save(src / f"p{i}.png")
-    cfg = dict(inputs=[str(src)], out=str(tmp_path / "out"), model=ending_vlm, dtype="float32", batch_size=2,
+    Image.new("RGB", (336, 448), "white").save(src / "p2.png")  # the layout stage finds no block on it
+    cfg = dict(inputs=[str(src)], out=str(tmp_path / "out"), model=ending_vlm, dtype="float32", batch_size=3,
                progress=False, drafter="lookup", max_new_tokens=32)
     summary = parse_documents(ParseConfig(**cfg, hierarchical=True))
-    assert summary["job_failed"] == 0 and summary["decoded"] == 2
-    recs = [json.loads(line) for line in open(tmp_path / "out" / "pages.jsonl")]
-    n_blocks = sum(len(r["blocks"]) for r in recs)
-    for r in recs:
+    assert summary["job_failed"] == 0 and summary["decoded"] == 3
+    assert summary["retried"] == 0 and summary["loops_cut"] == 0  # no block retried (the guard is on)
+    recs = {os.path.basename(r["source"]): r for r in map(json.loads, open(tmp_path / "out" / "pages.jsonl"))}
+    blank = recs.pop("p2.png")
+    # no block: the page is decoded whole with the page prompt, and the record says so
+    assert blank["status"] == "ok" and blank["blocks"] == [] and blank["layout_fallback"] is True
+    assert blank["text"] and blank["tokens"] == 13 and [a["batch"] for a in blank["attempts"]] == [1]
+    assert not blank["changed_by_guard"]
+    n_blocks = sum(len(r["blocks"]) for r in recs.values())
+    assert max(len(r["blocks"]) for r in recs.values()) >= 2
+    for r in recs.values():
         assert r["status"] == "ok" and r["blocks"] and r["timings"]["layout_s"] >= 0
+        assert r["layout_fallback"] is False
         assert [b["order"] for b in r["blocks"]] == list(range(len(r["blocks"])))
         assert r["text"] == assemble(r["blocks"], [b["text"] for b in r["blocks"]])
         assert all(a["batch"] == n_blocks for a in r["attempts"])  # every block of both pages in one batch
         assert r["tokens"] == 13 * len(r["blocks"])  # the rigged target's 12 tokens and its end, per block
+        # several blocks are not several tries: each block ended on its first try, and the one batch counts once
+        assert not r["changed_by_guard"] and all(b["attempts"] == 1 for b in r["blocks"])
+        assert len({a["call"] for a in r["attempts"]}) == 1
+        assert r["timings"]["decode_s"] == pytest.approx(r["attempts"][0]["decode_s"])
     with pytest.raises(InvalidInputError, match="other settings"):  # a full-page rerun into the same folder
         parse_documents(ParseConfig(**cfg))
     with pytest.raises(InvalidInputError, match="hierarchical"):
         parse_documents(ParseConfig(**{**cfg, "out": str(tmp_path / "o2")}, layout=str(tmp_path)))
+
+
+def test_guard_counts_per_block_and_call_time_once():
+    from mmspec.vision.documents.job import _call_seconds, _changed, _retried
+
+    one = {"finish": "eos", "decode_s": 2.0, "call": 1}
+    # two blocks of one call, each on its first try: not changed, not retried, the call's 2 s once
+    assert not _changed([one]) and _call_seconds([one, dict(one)]) == 2.0
+    assert not _retried({"blocks": [{"attempts": 1}, {"attempts": 1}], "attempts": [one, one]})
+    # a block retried in a second call, or ended by the guard: changed; the page holds both calls' time
+    again = {"finish": "eos", "decode_s": 3.0, "call": 2}
+    assert _changed([one, again]) and _changed([dict(one, finish="loop")])
+    assert _call_seconds([one, one, again]) == 5.0
+    assert _retried({"blocks": [{"attempts": 1}, {"attempts": 2}], "attempts": [one, one, again]})
+    # full-page records (no blocks) and failed tries without a time
+    assert _retried({"blocks": None, "attempts": [one, again]}) and not _retried({"blocks": None, "attempts": []})
+    assert _call_seconds([{"finish": "error"}, one]) == 2.0
+
+
+def test_layout_decoding_runs_without_scipy(monkeypatch):
+    import sys
+
+    from mmspec.vision.documents.layout import label_cells
+
+    ndimage = pytest.importorskip("scipy.ndimage")
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # scipy's numbering and boxes (it stays a dev dependency: the reference here)
+        m = rng.random((int(rng.integers(1, 30)), int(rng.integers(1, 30)))) < rng.uniform(0.1, 0.8)
+        ref, _ = ndimage.label(m)
+        labels, boxes = label_cells(m)
+        assert (labels == ref).all() and boxes == ndimage.find_objects(ref)
+    monkeypatch.setitem(sys.modules, "scipy", None)  # a normal install: no scipy
+    monkeypatch.setitem(sys.modules, "scipy.ndimage", None)
+    det = LayoutDetector(width=8)
+    probs = np.zeros((1 + len(LAYOUT_TYPES), 112, 84), np.float32)
+    probs[0] = 1.0
+    probs[0, 20:40, 3:70], probs[1 + LAYOUT_TYPES.index("table"), 20:40, 3:70] = 0.1, 0.9
+    assert [(b["type"], b["box"]) for b in det._decode(probs, (336, 448))] == [("table", [10, 78, 282, 162])]

@@ -86,7 +86,8 @@ class ParseConfig:
         hierarchical: decode each page hierarchically (:mod:`.hierarchical`): the layout stage finds its blocks,
             every block of the batch's pages is one row (``prompt``: the block prompt, default the docs
             workload's), each with the guard and its retries, and the page is assembled in reading order; the
-            record's ``blocks`` lists them (type, box, order, text, attempts).
+            record's ``blocks`` lists them (type, box, order, text, attempts). A page with no block found is
+            decoded whole with the page prompt (``blocks`` empty, ``layout_fallback`` true).
         layout: the layout detector's folder for ``hierarchical`` (default: the bundled one).
     """
 
@@ -269,6 +270,7 @@ class _Decoder:
             raise InvalidInputError("the repetition guard needs the model's eos_token_id (generation config)")
         self.temps = cfg.guard_settings.temperatures if cfg.guard else (0.0,)
         self.stats = SpecStats()
+        self.calls = 0  # pipeline calls so far: an attempt's ``call`` (rows of one call share its time)
 
     def _max_new(self, images) -> int:
         if self.cfg.max_new_tokens is not None:
@@ -303,6 +305,7 @@ class _Decoder:
         t0 = time.perf_counter()
         out = self.pipe(images=[[im] for im in images], prompt=[self.prompt] * len(images), **kw)
         dt = time.perf_counter() - t0
+        self.calls += 1
         self.stats.merge(out.stats)
         rows = []
         for text, toks, n_calls in zip(out.text, tokens, calls):
@@ -315,7 +318,7 @@ class _Decoder:
             rounds = max(0, n_calls - 1)  # the first token comes from the prefill, not a verify round
             tau = (len(toks) - min(1, len(toks))) / rounds if rounds else None
             att = {"temperature": temperature, "seed": seed, "finish": finish, "tokens": len(toks), "tau": tau,
-                   "rounds": rounds, "decode_s": dt, "batch": len(images)}
+                   "rounds": rounds, "decode_s": dt, "batch": len(images), "call": self.calls}
             if loop:
                 att["loop"] = {"period": loop[0], "start": loop[1]}
             rows.append((text, att))
@@ -366,14 +369,17 @@ class _Decoder:
 class _HierarchicalDecoder:
     """Hierarchical pages: the layout stage finds each page's blocks, and every block of the batch's pages is
     one row of a :class:`_Decoder` over the block crops (so each block has the guard and its own retries); a
-    page is assembled from its blocks in reading order, and fails when one of its blocks failed."""
+    page is assembled from its blocks in reading order, and fails when one of its blocks failed. A page where the
+    layout stage finds no block is decoded whole with the page prompt (``layout_fallback``): an empty page
+    recorded "ok" would hide a missed layout."""
 
     def __init__(self, pipe, cfg: ParseConfig, prompt: str):
         from .hierarchical import HierarchicalParser
 
         self.parser = HierarchicalParser(pipe, cfg.layout)  # its layout stage and crops; rows go to _Decoder
         self.rows = _Decoder(pipe, cfg, prompt)
-        self.stats = self.rows.stats
+        self.pages = _Decoder(pipe, cfg, cfg.prompt if cfg.prompt is not None else default_prompt())
+        self.stats = self.pages.stats = self.rows.stats
 
     def decode_pages(self, ids: list, images: list) -> list:
         from .hierarchical import assemble
@@ -386,8 +392,19 @@ class _HierarchicalDecoder:
             crops += self.parser.crops(page, blocks)
             block_ids += [f"{pid}/block{b['order']}" for b in blocks]
         rows = iter(self.rows.decode(block_ids, crops) if crops else [])
+        empty = [i for i, blocks in enumerate(layouts) if not blocks]
+        whole = dict(zip(empty, self.pages.decode([ids[i] for i in empty], [images[i] for i in empty])
+                         if empty else []))
         out = []
-        for blocks in layouts:
+        for i, blocks in enumerate(layouts):
+            if i in whole:
+                text, atts, error = whole[i]
+                final = atts[-1] if atts else {}
+                out.append((text, atts, error, {
+                    "layout_s": layout_s, "blocks": [], "layout_fallback": True, "tokens": final.get("tokens", 0),
+                    "rounds": final.get("rounds", 0), "tau": final.get("tau"), "changed": _changed(atts),
+                    "decode_s": _call_seconds(atts)}))
+                continue
             done = [(b, *next(rows)) for b in blocks]
             errors = [f"block {b['order']}: {e}" for b, _, _, e in done if e]
             attempts = [dict(a, block=b["order"]) for b, _, atts, _ in done for a in atts]
@@ -397,23 +414,44 @@ class _HierarchicalDecoder:
             tokens, rounds = sum(a.get("tokens", 0) for a in finals), sum(a.get("rounds", 0) for a in finals)
             tau = sum(max(0, a.get("tokens", 0) - 1) for a in finals) / rounds if rounds else None
             out.append((text, attempts, "; ".join(errors) or None,
-                        {"layout_s": layout_s, "blocks": listed, "tokens": tokens, "rounds": rounds, "tau": tau}))
+                        {"layout_s": layout_s, "blocks": listed, "layout_fallback": False, "tokens": tokens,
+                         "rounds": rounds, "tau": tau, "changed": any(_changed(atts) for _, _, atts, _ in done),
+                         "decode_s": _call_seconds(attempts)}))
         return out
+
+
+def _changed(attempts: list) -> bool:
+    """Whether one row's tries differ from plain greedy decoding: retried, or its last try ended by the guard."""
+    return bool(attempts) and (len(attempts) > 1 or attempts[-1].get("finish") == "loop")
+
+
+def _call_seconds(attempts: list) -> float:
+    """Seconds of the pipeline calls behind ``attempts``, each call once (the rows of one call share its time)."""
+    return sum({a.get("call", ("untimed", k)): a.get("decode_s", 0.0) for k, a in enumerate(attempts)}.values())
+
+
+def _retried(record: dict) -> bool:
+    """Whether a page record holds a retry: of one of its blocks (hierarchical), else of the page."""
+    if record.get("blocks"):
+        return any(b["attempts"] > 1 for b in record["blocks"])
+    return len(record["attempts"]) > 1
 
 
 def _record(item: _Item, text: str, attempts: list, error: str | None, load_s: float, guard: bool, rank: int,
             blocks: dict | None = None) -> dict:
     final = attempts[-1] if attempts else {}
     ok = error is None
-    changed = guard and bool(attempts) and (len(attempts) > 1 or final.get("finish") == "loop")
+    # per row: a hierarchical page is changed when one of its blocks is, not because it has several blocks
+    changed = guard and (blocks["changed"] if blocks else _changed(attempts))
     return {
         "id": item.id, "source": item.source.name, "page": item.page, "pages": item.pages,
         "status": "ok" if ok else "failed", "error": error, "text": text or "",
         "blocks": blocks["blocks"] if blocks else None,  # None: full-page decoding (the page is one block)
         "tokens": blocks["tokens"] if blocks else final.get("tokens", 0),
         "tau": blocks["tau"] if blocks else final.get("tau"),
+        **({"layout_fallback": blocks["layout_fallback"]} if blocks else {}),
         "attempts": attempts, "changed_by_guard": changed,
-        "timings": {"load_s": load_s, "decode_s": sum(a.get("decode_s", 0.0) for a in attempts),
+        "timings": {"load_s": load_s, "decode_s": blocks["decode_s"] if blocks else _call_seconds(attempts),
                     **({"layout_s": blocks["layout_s"]} if blocks else {})},
         "stats": {"rounds": blocks["rounds"] if blocks else final.get("rounds", 0), "batch": final.get("batch")},
         "rank": rank,  # the process that decoded it (which worker to look at when a page is odd)
@@ -534,7 +572,7 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
                 records.sort(key=lambda r: order[r["id"]])
                 written += store.write_many(records)
                 failed_now += sum(r["status"] == "failed" for r in records)
-                retried += sum(len(r["attempts"]) > 1 for r in records)
+                retried += sum(_retried(r) for r in records)
                 cut += sum(any(a.get("finish") == "loop" for a in r["attempts"]) for r in records)
                 _write_markdown(out, sorted({it.source.name for it in chunk}), store, by_source, taken)
                 bar.update(len(chunk))

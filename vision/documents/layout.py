@@ -12,9 +12,9 @@ rendered pages of the docs workload, whose metadata gives the labels:
 * **Labels**: a cell is a block's type when its centre lies in the block's box. The blank band between two
   blocks (11 px or more on these pages, against 4-10 px between lines) is weighted up in the loss: it is what
   keeps neighbouring blocks apart.
-* **Decoding** (:meth:`LayoutDetector.detect`): connected components of the foreground cells, small ones
-  dropped; a component's box is its cells' extent grown by half a cell, its type the type with the largest
-  summed probability over its cells, its score their mean foreground probability.
+* **Decoding** (:meth:`LayoutDetector.detect`): connected components of the foreground cells
+  (:func:`label_cells`), small ones dropped; a component's box is its cells' extent grown by half a cell, its
+  type the type with the largest summed probability over its cells, its score their mean foreground probability.
 * **Reading order** (:func:`reading_order`): from the boxes only: boxes wider than 60% of the content width
   span the columns and split the page into bands; inside a band, columns (found as gaps in the horizontal
   coverage of the narrower boxes) left to right, each top to bottom.
@@ -47,7 +47,7 @@ from torch.nn import functional as F
 from mmspec.errors import InvalidInputError
 
 __all__ = ["LAYOUT_TYPES", "LayoutDetector", "LayoutTrainConfig", "train_layout", "evaluate_layout",
-           "reading_order", "block_type", "page_labels", "bundled_layout", "match_boxes"]
+           "reading_order", "block_type", "page_labels", "bundled_layout", "match_boxes", "label_cells"]
 
 LAYOUT_TYPES = ("heading1", "heading2", "paragraph", "bullets", "numbered", "table", "formula")
 """Block types the detector tells apart (a heading's level is its type: it decides the ``#`` prefix)."""
@@ -171,16 +171,14 @@ class LayoutDetector(nn.Module):
         """Blocks from the class probabilities ``[1 + T, H/4, W/4]`` of a page of ``size``; ``ink`` (the
         detector's half-scale input) drops a block with no ink in its box (the net has a prior for a title at the
         top of a page, even of a blank one)."""
-        from scipy import ndimage
-
         w, h = size
         gh, gw = -(-h // CELL), -(-w // CELL)
         p = probs[:, :gh, :gw]
         fg = p[0] < 0.5
-        labels, n = ndimage.label(fg)
+        labels, boxes = label_cells(fg)
         heading = np.array([t.startswith("heading") for t in self.types])
         parts = []
-        for k, sl in enumerate(ndimage.find_objects(labels), 1):
+        for k, sl in enumerate(boxes, 1):
             ys, xs = sl
             mask = labels[sl] == k
             # A heading touching the block below it (a missed blank band) is split off where the rows' majority
@@ -250,6 +248,45 @@ class LayoutDetector(nn.Module):
         det = cls(width=cfg["width"], types=cfg["types"], min_cells=cfg.get("min_cells", 40))
         det.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in load_file(weights).items()})
         return det.eval()
+
+
+def label_cells(mask: np.ndarray) -> tuple[np.ndarray, list[tuple[slice, slice]]]:
+    """Connected components (4-neighbour) of a 2-D boolean ``mask``: an int label map (0 outside, components
+    numbered from 1 in the row-major order of their first cell) and each component's bounding slices
+    ``(rows, cols)``; what ``scipy.ndimage.label`` + ``find_objects`` return, without scipy (a runtime
+    dependency for a grid of a few thousand cells).
+
+    Example:
+        >>> labels, boxes = label_cells(np.array([[1, 1, 0], [0, 0, 0], [0, 1, 1]], bool))
+        >>> labels.tolist()
+        [[1, 1, 0], [0, 0, 0], [0, 2, 2]]
+        >>> [(r.start, r.stop, c.start, c.stop) for r, c in boxes]
+        [(0, 1, 0, 2), (2, 3, 1, 3)]
+    """
+    mask = np.asarray(mask, bool)
+    if mask.ndim != 2:
+        raise InvalidInputError(f"label_cells takes a 2-D mask (got shape {mask.shape})")
+    h, w = mask.shape
+    flat = mask.ravel()
+    labels = np.zeros(h * w, np.int32)
+    boxes = []
+    for start in np.flatnonzero(flat).tolist():  # row-major: a component is numbered at its first cell
+        if labels[start]:
+            continue
+        n = len(boxes) + 1
+        labels[start] = n
+        stack, cells = [start], []
+        while stack:
+            i = stack.pop()
+            cells.append(i)
+            y, x = divmod(i, w)
+            for j, ok in ((i - w, y > 0), (i + w, y < h - 1), (i - 1, x > 0), (i + 1, x < w - 1)):
+                if ok and flat[j] and not labels[j]:
+                    labels[j] = n
+                    stack.append(j)
+        ys, xs = np.divmod(np.array(cells), w)
+        boxes.append((slice(int(ys.min()), int(ys.max()) + 1), slice(int(xs.min()), int(xs.max()) + 1)))
+    return labels.reshape(h, w), boxes
 
 
 def bundled_layout() -> str | None:
