@@ -17,7 +17,7 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
 * **step cache** (``step_cache``, approximate): :class:`~mmspec.drivers.vla.StepCache` reuses the last
   velocity of the flow-matching head on some Euler steps (adaptive threshold or fixed schedule).
 * **speculative reasoning** (``spec``, exact): a block drafter (a GLANCE head, ``mmspec train --kind glance
-  --workloads driving`` on the VLA's own greedy reasoning) drafts the reasoning a block at a time from the
+  --workload driving`` on the VLA's own greedy reasoning) drafts the reasoning a block at a time from the
   language model's states over the whole prompt (frames included); the core verifies it
   (:class:`~mmspec.target.TargetAdapter` scores a block in one pass from the tick's cache, the core's greedy rule
   accepts, the adapter commits), so the reasoning is token for token the VLA's own greedy reasoning. The VLA decodes

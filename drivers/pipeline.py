@@ -172,7 +172,7 @@ class DrivingPipeline(MMSpecPipeline):
     def prepare(self, images=None, prompt=None) -> dict:
         """The backbone's processor inputs for one request (chat template, frames), exactly as a plain :meth:`step`
         sends them to ``generate``: what ``mmspec train`` (whose data stage calls ``pipe.prepare``) regenerates the
-        VLA's own reasoning from, so a reasoning drafter (``--kind glance --workloads driving``) learns from the
+        VLA's own reasoning from, so a reasoning drafter (``--kind glance --workload driving``) learns from the
         states it meets at run time.
 
         Example:

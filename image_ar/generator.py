@@ -170,7 +170,9 @@ def speculative_codes(model, input_ids, attention_mask, tok, n_codes: int, draft
                       generator=None, do_sample: bool = True, codebook=None):
     """:func:`generate_codes` through :func:`mmspec.generate` with ``drafter`` (``"sjd"``, a spec or a
     :class:`~mmspec.drafters.Drafter`) and acceptance ``rule`` (``None``: the lossless rule of the mode; a name
-    such as ``"lantern++;lambda=2"``): ``(codes [B, n_codes], SpecStats)``.
+    such as ``"lantern++;lambda=2"``): ``(codes [B, n_codes], SpecStats)``. A spec is resolved to a drafter first, so
+    a drafter whose mode needs its own rule (``"spatial;rounds=1"``: ``ssd_correct``, lossy) gets it when ``rule`` is
+    ``None``; ``"ssd_correct"`` named alone follows the run's mode (greedy or sampling).
 
     The target's processed distribution is the one :func:`generate_codes` samples from: guidance
     ``u + s (c - u)`` in a doubled batch (:class:`mmspec.target.Guidance`), then every non-code token suppressed,
@@ -182,17 +184,29 @@ def speculative_codes(model, input_ids, attention_mask, tok, n_codes: int, draft
     """
     from mmspec import generate
     from mmspec.acceptance import get_rule
+    from mmspec.drafters.base import Drafter
     from mmspec.target import Guidance
+
+    from .ssd import SpatialCorrectRule
 
     offset = int(model.generation_config.image_code_offset)
     guided = cfg_scale is not None and cfg_scale > 1.0
     guidance = Guidance(float(cfg_scale), _unconditional(input_ids, tok)) if guided else None
+    if drafter is not None and not isinstance(drafter, Drafter):
+        from mmspec.registry import make_drafter
+
+        drafter = make_drafter(drafter, model)  # a spec: resolved first, so its mode can choose the rule below
     if rule is None and getattr(drafter, "make_rule", None) is not None:
         rule = drafter.make_rule(do_sample)  # a drafter whose mode needs its own rule (spatial's rounds=r, lossy)
+    if isinstance(rule, str) and rule.split(";")[0].strip() == "ssd_correct" and "greedy" not in rule:
+        rule = SpatialCorrectRule(greedy=not do_sample)  # the name alone follows the run's mode
     try:
         rule = get_rule(rule, do_sample)
     except ValueError as e:  # an unknown rule or bad options
         raise InvalidInputError(str(e)) from e
+    if isinstance(rule, SpatialCorrectRule) and rule.greedy == do_sample:
+        raise InvalidInputError(f"acceptance rule ssd_correct was built for {rule.mode} runs; this run "
+                                f"{'samples' if do_sample else 'is greedy'}")
     if not do_sample and rule.mode == "sample" and not rule.lossless:
         raise InvalidInputError(f"acceptance rule {rule.name!r} is a relaxed sampling rule; use do_sample=True")
     if hasattr(rule, "bind_codebook"):

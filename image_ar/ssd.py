@@ -27,7 +27,13 @@ Two modes:
   left of it whole. Those positions were drawn from distributions conditioned on a prefix that was not kept, so the
   output is not the target's law: the rule that commits (:class:`SpatialCorrectRule`, ``ssd_correct``) declares
   itself lossy and every stats record says so. With ``rule=None`` :func:`~mmspec.image_ar.generator.speculative_codes`
-  uses it for a drafter with ``rounds`` set.
+  uses it for a drafter with ``rounds`` set (an instance or a spec string). :func:`mmspec.generate` does not consult
+  the drafter for a rule: pass ``rule=drafter.make_rule(do_sample)`` there; a lossy drafter whose trees another rule
+  walks refuses to go on (:class:`~mmspec.InvalidInputError`) after the first round.
+
+``ssd_correct`` is built for one mode: ``"ssd_correct"`` for sampling, ``"ssd_correct;greedy=true"`` for greedy
+runs (``speculative_codes`` picks the run's mode when the name has no ``greedy`` option). It refuses a spatial tree
+drafted in the other mode; with any other drafter the core labels such a run lossy.
 
 Example:
     >>> from mmspec.image_ar.spatial import RasterMap
@@ -60,7 +66,7 @@ def _int_opt(name: str, v, low: int = 1) -> int:
 
 class SpatialDrafter(TrainableDrafter):
     """The spatial drafter (module docstring). Build one for a target with :meth:`from_target`; train it with
-    ``mmspec train --kind spatial --workloads images``.
+    ``mmspec train --kind spatial --workload images``.
 
     Args:
         hidden_size: the target's hidden size; n_codes: its image codes (token ``offset + c`` is code ``c``).
@@ -312,8 +318,8 @@ class SpatialDrafter(TrainableDrafter):
                     k += 1
             self._counts["drafted"] += len(tokens)
             tree = DraftTree.from_chain(tokens, torch.stack(probs) if sampled and tokens else None)
-            if self.lossy:
-                tree.ssd_commit_all, tree.ssd_greedy = False, not ctx.do_sample
+            # ssd_greedy lets SpatialCorrectRule refuse a run of the other mode (its walk would be the wrong one).
+            tree.ssd_commit_all, tree.ssd_greedy = False, not ctx.do_sample
             trees[i] = tree
 
     def _keep_stale(self, ctx: DraftContext, i: int, r: int, tree: DraftTree, a: int, scores) -> None:
@@ -344,6 +350,10 @@ class SpatialDrafter(TrainableDrafter):
             if not self.lossy:
                 self._keep_stale(ctx, i, r, tree, len(path), None if result.scores is None else result.scores[i])
                 continue
+            if len(tree) and not getattr(tree, "ssd_ruled", False):
+                # Another rule walked it: the corrected blocks would only be drafts and the run silently lossless.
+                raise InvalidInputError("the spatial drafter with rounds set needs its lossy rule: pass "
+                                        "rule=drafter.make_rule(do_sample) (ssd_correct) to mmspec.generate")
             a = len(path)
             if getattr(tree, "ssd_commit_all", False) or a + 1 >= len(tree) or result.scores is None:
                 if getattr(tree, "ssd_commit_all", False) and len(tree):
@@ -391,21 +401,35 @@ class SpatialCorrectRule(AcceptanceRule):
     and the next token is drawn from the target after it (greedy: its argmax); any other tree is walked by the core's
     lossless rule of the mode (``greedy``: :class:`~mmspec.acceptance.GreedyRule`, else speculative sampling).
 
+    The rule is built for one mode (``mode``: ``"greedy"`` with ``greedy=True``, else ``"sample"``): a spatial tree
+    drafted in the other mode is refused (:class:`~mmspec.InvalidInputError`), since the walk would be the wrong
+    one (sampling over a greedy run's raw logits).
+
     Example:
         >>> t = DraftTree.from_chain([1, 2]); t.ssd_commit_all = True
         >>> SpatialCorrectRule(greedy=True).accept(t, torch.tensor([[9., 0, 0], [9., 0, 0], [0, 0, 9.]]))
         AcceptResult(path=[0, 1], next_token=2)
+        >>> SpatialCorrectRule(greedy=True).mode
+        'greedy'
     """
 
     name = "ssd_correct"
     lossless = False
-    mode = None
 
     def __init__(self, greedy: bool = False):
-        self.greedy = bool(greedy)
+        if not isinstance(greedy, bool):
+            raise InvalidInputError(f"ssd_correct greedy must be true or false (got {greedy!r})")
+        self.greedy = greedy
+        self.mode = "greedy" if greedy else "sample"  # the core labels a run of the other mode lossy
         self._walk = GreedyRule() if self.greedy else SpeculativeSamplingRule()
 
     def accept(self, tree, scores, generator=None):
+        marked = getattr(tree, "ssd_greedy", None)
+        if marked is not None and marked != self.greedy:
+            raise InvalidInputError(f"acceptance rule ssd_correct was built for {self.mode} runs but this run "
+                                    f"{'is greedy' if marked else 'samples'}: use 'ssd_correct;greedy="
+                                    f"{'true' if marked else 'false'}' or drafter.make_rule(do_sample)")
+        tree.ssd_ruled = True  # the spatial drafter's lossy mode checks that this rule, not another, walked its trees
         if not getattr(tree, "ssd_commit_all", False) or not len(tree):
             return self._walk.accept(tree, scores, generator)
         last = scores[len(tree)].float()
@@ -419,15 +443,16 @@ class SpatialCorrectRule(AcceptanceRule):
 
 def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, **options):
     """``"spatial:DIR"`` loads a trained head (checked against the target); ``"spatial"`` alone the head bundled for
-    the target; ``"spatial;untrained=true"`` a random one (tests). Run-time options (``draft_len``, ``k_h``, ``k_v``,
-    ``rounds``) override the saved ones; ``rounds=null`` is the lossless mode."""
+    the target; ``"spatial;untrained=true"`` a random one (tests), built with every option given (``k_v`` sizes its
+    head's reach). Run-time options (``draft_len``, ``k_h``, ``k_v``, ``rounds``) override a saved head's (``k_v`` up to
+    the reach it was trained for); ``rounds=null`` is the lossless mode."""
     run = {k: options.pop(k) for k in _RUN_OPTIONS if k in options}
     seed = options.pop("seed", None)
     if not path and not untrained:
         path = bundled_spatial_head(target_model)
         if path is None:
             raise InvalidInputError("'spatial' names no trained head for this target: pass 'spatial:DIR' (a head "
-                                    "trained with `mmspec train --kind spatial --workloads images`), or "
+                                    "trained with `mmspec train --kind spatial --workload images`), or "
                                     "'spatial;untrained=true' for a random head (tests only)")
     if path:
         if options:
@@ -438,8 +463,9 @@ def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, *
     else:
         if target_model is None:
             raise InvalidInputError("'spatial;untrained=true' builds a head for a target: none was given")
-        try:
-            drafter = SpatialDrafter.from_target(target_model, tokenizer, seed=seed, **options)
+        _check_run_options(run)
+        try:  # a fresh head takes the run options as its shape (k_v sizes its vertical-offset table)
+            return SpatialDrafter.from_target(target_model, tokenizer, seed=seed, **options, **run)
         except TypeError as e:
             raise InvalidInputError(f"bad spatial drafter options {sorted(options)}: {e}") from e
     _check_run_options(run)
@@ -452,6 +478,8 @@ def _spatial_factory(target_model, path=None, tokenizer=None, untrained=False, *
 
 
 _RUN_OPTIONS = ("draft_len", "k_h", "k_v", "rounds", "draft", "draft_temperature", "jacobi")
+# What only an untrained head (built by from_target) also takes.
+_SHAPE_OPTIONS = ("grid", "newline", "newline_token", "num_layers", "intermediate_size", "max_delta", "rms_eps")
 
 
 def _check_run_options(run: dict) -> None:
@@ -509,7 +537,8 @@ def check_spec(spec: str) -> None:
     from mmspec.registry import _spec_options
 
     options = _spec_options(spec, spec.split(";")[1:])
-    unknown = sorted(set(options) - set(_RUN_OPTIONS) - {"untrained", "seed"})
+    shape = _SHAPE_OPTIONS if options.get("untrained") is True else ()  # a fresh head takes its shape from the spec
+    unknown = sorted(set(options) - set(_RUN_OPTIONS) - set(shape) - {"untrained", "seed"})
     if unknown:
         raise InvalidInputError(f"unknown spatial options {unknown}; run options: {', '.join(_RUN_OPTIONS)}")
     _check_run_options({k: v for k, v in options.items() if k in _RUN_OPTIONS})

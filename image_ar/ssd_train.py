@@ -1,4 +1,4 @@
-"""Training the spatial head: ``mmspec train --kind spatial --workloads images --target GENERATOR``.
+"""Training the spatial head: ``mmspec train --kind spatial --workload images --target GENERATOR``.
 
 Stage 1 (the core's :func:`mmspec.train.collect_data`): for each ``images`` prompt the target *samples* its own
 image (temperature 1, its default guidance, a seed per item), then one teacher-forced pass gives its last-layer
@@ -135,7 +135,7 @@ class SpatialTrainer(Trainer):
 
     def check_config(self, cfg) -> None:
         if tuple(cfg.workloads) != ("images",):
-            raise InvalidInputError(f"the spatial head trains on the images workload (--workloads images); got "
+            raise InvalidInputError(f"the spatial head trains on the images workload (--workload images); got "
                                     f"{list(cfg.workloads)}")
         bad = {k: v for k, v in (cfg.options or {}).items()
                if k not in _OPTIONS or isinstance(v, bool) or not isinstance(v, (int, float))}

@@ -100,6 +100,57 @@ def test_verify_and_correct_is_labelled_lossy_and_commits_blocks(small):
     assert not stats.lossless and stats.target_forwards < 16
 
 
+def test_ssd_correct_follows_the_greedy_mode(small):
+    """rule="ssd_correct" in a greedy run walks greedily (deterministic, the same codes as the drafter's own rule);
+    a rule built for the other mode is refused, by speculative_codes and, through mmspec.generate, by the rule."""
+    from mmspec import generate
+    from mmspec.acceptance import get_rule
+
+    model, tok, vq = small
+    ids, mask = _request_ids(tok, PROMPTS)
+    own, _ = speculative_codes(model, ids, mask, tok, 16, _drafter(model, k_h=3, draft_len=8, rounds=0),
+                               do_sample=False)
+    for _ in range(2):
+        codes, stats = speculative_codes(model, ids, mask, tok, 16, _drafter(model, k_h=3, draft_len=8, rounds=0),
+                                         rule="ssd_correct", do_sample=False)
+        assert torch.equal(codes, own) and stats.rule == "ssd_correct" and not stats.lossless
+    assert get_rule("ssd_correct;greedy=true", False).mode == "greedy"
+    with pytest.raises(InvalidInputError, match="built for sample runs"):
+        speculative_codes(model, ids, mask, tok, 16, _drafter(model, rounds=0), rule="ssd_correct;greedy=false",
+                          do_sample=False)
+    off = int(model.generation_config.image_code_offset)
+    with pytest.raises(InvalidInputError, match="greedy=true"):
+        generate(model, {"input_ids": ids, "attention_mask": mask}, drafter=_drafter(model, k_h=3, rounds=0),
+                 rule="ssd_correct", do_sample=False, max_new_tokens=16, suppress_tokens=list(range(off)))
+
+
+def test_lossy_spec_string_uses_the_lossy_rule(small):
+    """A spec string with rounds=r runs the lossy rule in speculative_codes; mmspec.generate, which does not ask the
+    drafter for a rule, refuses a lossy spatial drafter walked by the lossless rule instead of silently running it."""
+    from mmspec import generate
+
+    model, tok, vq = small
+    ids, mask = _request_ids(tok, PROMPTS[:1])
+    spec = "spatial;untrained=true;grid=4;rounds=0;k_h=3;draft_len=8"
+    codes, stats = speculative_codes(model, ids, mask, tok, 16, spec, do_sample=False)
+    assert stats.rule == "ssd_correct" and not stats.lossless and stats.drafter_counters["committed_whole"] > 0
+    off = int(model.generation_config.image_code_offset)
+    with pytest.raises(InvalidInputError, match="make_rule"):
+        generate(model, {"input_ids": ids, "attention_mask": mask}, drafter=_drafter(model, k_h=3, rounds=0),
+                 do_sample=False, max_new_tokens=16, suppress_tokens=list(range(off)))
+
+
+def test_untrained_head_takes_its_shape_from_the_spec(small):
+    model, tok, vq = small
+    d = make_drafter("spatial;untrained=true;k_v=2;num_layers=1;grid=4", model)
+    assert d.k_v == 2 and d.head.dv_embed.num_embeddings - 1 == 2 and d.num_layers == 1
+    check_spec("spatial;untrained=true;k_v=2;num_layers=1")  # what bench checks before loading
+    with pytest.raises(InvalidInputError, match="unknown spatial options"):
+        check_spec("spatial;num_layers=1")  # a saved head's shape is its own
+    with pytest.raises(InvalidInputError, match="--workload images`"):  # the CLI's flag, not --workloads
+        make_drafter("spatial", model)
+
+
 # ================================================================================== inputs: run time == training
 def _reference_inputs(H, W, k_h, k_v, n):
     """Slot inputs written out from the grid alone: raster continuation after n codes, stopping at the first cell
