@@ -198,7 +198,7 @@ def speculative_codes(model, input_ids, attention_mask, tok, n_codes: int, draft
         drafter = make_drafter(drafter, model)  # a spec: resolved first, so its mode can choose the rule below
     if rule is None and getattr(drafter, "make_rule", None) is not None:
         rule = drafter.make_rule(do_sample)  # a drafter whose mode needs its own rule (spatial's rounds=r, lossy)
-    if isinstance(rule, str) and rule.split(";")[0].strip() == "ssd_correct" and "greedy" not in rule:
+    if isinstance(rule, str) and rule.strip() == "ssd_correct":
         rule = SpatialCorrectRule(greedy=not do_sample)  # the name alone follows the run's mode
     try:
         rule = get_rule(rule, do_sample)
