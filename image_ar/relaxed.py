@@ -52,6 +52,7 @@ class RelaxedRule(SpeculativeSamplingRule):
     acceptance probability and residual: subclasses implement :meth:`accept_prob` and may override
     :meth:`residual` (default ``max(0, p - q)``). Lossy, for sampling (``mode = "sample"``)."""
 
+    name = "relaxed"
     lossless = False
     mode = "sample"
 

@@ -204,6 +204,7 @@ class SpeculativeSamplingRule(AcceptanceRule):
         q_all = tree.draft_probs
         kids = tree.children()
         tokens = tree.tokens
+        own = _own_accept(self, SpeculativeSamplingRule)  # the lossless hooks: one-hot drafts take an O(1) path
         path: list[int] = []
         cur = -1
         while True:
@@ -216,15 +217,25 @@ class SpeculativeSamplingRule(AcceptanceRule):
                 if q is None or q[x] <= 0:
                     # A deterministic draft, or a token its q could not have produced (underflow, filtering
                     # after sampling): a one-hot proposal, which is lossless for any token.
-                    q = torch.zeros_like(p)
-                    q[x] = 1.0
-                if float(u) < self.accept_prob(p, q, x):
-                    accepted = c
-                    break
-                p = self.residual(p, q, x)
+                    if own:  # min(1, p(x) / 1) and max(0, p - onehot(x)), without a vocabulary-sized q
+                        if u < p[x]:
+                            accepted = c
+                            break
+                        p[x] = 0.0
+                        q = None
+                    else:
+                        q = torch.zeros_like(p)
+                        q[x] = 1.0
+                if q is not None:
+                    if float(u) < self.accept_prob(p, q, x):
+                        accepted = c
+                        break
+                    p = self.residual(p, q, x)
                 total = p.sum()
                 if total <= 0:
-                    # p' == q_c exactly: rejection had probability 0, so any p' is correct; keep p.
+                    # Nothing left to draw from. For the lossless rule p' == q_c exactly, so rejection had
+                    # probability 0 and any p' is correct; a relaxed rule's residual can also come out empty:
+                    # then it draws from the target's own p.
                     p = probs[cur + 1].clone()
                 else:
                     p = p / total

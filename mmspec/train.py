@@ -606,7 +606,7 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
         shards = [{"file": _shard_name(i), "n_records": min(cfg.shard_size, len(items) - i * cfg.shard_size)}
                   for i in range(n_shards)]
         _atomic_json(index_path, {**settings, "shards": shards,
-                                  "fingerprint": drafter.fingerprint, "target": cfg.target, "complete": True})
+                                  "fingerprint": drafter.fingerprint, "complete": True})
     acc.wait_for_everyone()
     return data_dir
 

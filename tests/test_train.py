@@ -126,6 +126,18 @@ def test_shards_written_readable_and_from_the_target(data_dir, pipe):
     assert (ids == pipe.model.config.image_token_id).sum() > 0
 
 
+def test_complete_data_is_found_again_through_a_relative_target_path(data_dir, tmp_path, monkeypatch):
+    """The index records the target as an absolute path, as the rerun compares it: a data stage run again with
+    the same relative ``--target`` finds its complete data instead of refusing it as other settings."""
+    out = tmp_path / "rel"
+    target = tiny_vlm_path()
+    monkeypatch.chdir(os.path.dirname(target))
+    cfg = dict(n_train=2, shard_size=2, target=os.path.basename(target))
+    collect_data(_cfg(out, **cfg))
+    assert collect_data(_cfg(out, **cfg)) == str(out / "data")
+    assert json.loads((out / "data" / "index.json").read_text())["target"] == os.path.abspath(target)
+
+
 def test_stage1_resume_skips_written_shards(data_dir, tmp_path):
     out = _with_data(data_dir, tmp_path)
     d = out / "data"

@@ -276,7 +276,7 @@ class TargetTrainConfig:
 def patch_reading_loss(logits, targets, kind: str = "softmax", blank_weight: float = 0.1) -> tuple:
     """The vision tower's character-reading loss and its top-1 accuracy on patches that show characters.
 
-    ``logits[n, 4, C]`` from :class:`PatchReader`, ``targets[n, 4, C]`` multi-hot from :func:`aux_targets`
+    ``logits[n, cells, C]`` from :class:`PatchReader`, ``targets[n, cells, C]`` multi-hot from :func:`aux_targets`
     (index 0, the space, is never a target: it serves as the *blank* class of patches without characters).
     ``"softmax"``: cross-entropy of each patch against the uniform distribution over its characters (blank
     for empty patches, weighted ``blank_weight``). ``"bce"``: the independent sigmoids of the first bundled
@@ -302,7 +302,7 @@ def patch_reading_loss(logits, targets, kind: str = "softmax", blank_weight: flo
 
 
 class PatchReader(torch.nn.Module):
-    """A linear reader on merged vision tokens: logits ``[n, 4, n_classes]``, one row per merged patch (the
+    """A linear reader on merged vision tokens: logits ``[n, merge**2, n_classes]``, one row per patch (the
     auxiliary vision-tower loss of testbed targets; used in training only, never saved with the target).
 
     Example:
@@ -827,7 +827,7 @@ def remerge_target(src: str, out: str, merge: int = 1, progress: bool = True) ->
     copying text must both find the token and pick the right characters inside it in the right order; the
     bundled one reads scrambled text (no language prior) at 7-15% teacher-forced accuracy while its pointer is
     right 86-99% of the time. At merge 1 a token covers about one character (four times the image tokens). The
-    result must be trained (``train --init OUT``); the locator is carried, the patch reader is not.
+    result must be trained (``train --init OUT``); the patch reader and locator start fresh (use ``--probe-warmup``).
 
     Example:
         >>> remerge_target("vision/assets/testbed-vlm", "/tmp/merge1", merge=1)  # doctest: +SKIP
@@ -837,8 +837,10 @@ def remerge_target(src: str, out: str, merge: int = 1, progress: bool = True) ->
     from mmspec.checkpoints import copy_training_files
     from mmspec.errors import InvalidInputError
 
-    if merge not in (1, 2, 4):
-        raise InvalidInputError(f"merge must be 1, 2 or 4 patches per side, got {merge}")
+    if merge not in (1, 2):
+        # Workload images are multiples of 28 px: at merge 4 the processor would resize them to multiples of 56,
+        # and the renderer's character positions would no longer match the patch grid.
+        raise InvalidInputError(f"merge must be 1 or 2 patches per side, got {merge}")
     model = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
     processor = AutoProcessor.from_pretrained(src)
     config = model.config.to_dict()
@@ -858,11 +860,7 @@ def remerge_target(src: str, out: str, merge: int = 1, progress: bool = True) ->
     new.save_pretrained(out)
     processor.save_pretrained(out)
     copy_training_files(src, out)
-    state_path = os.path.join(src, "state.pt")
-    if os.path.isfile(state_path):
-        saved = torch.load(state_path, weights_only=True)
-        if "locator" in saved:
-            torch.save({"locator": saved["locator"]}, os.path.join(out, "state.pt"))
+    # No state.pt: the patch reader and the locator name cells of the old merge (and read a merger that is new).
     if progress:
         print(f"testbed: {src} remerged to {merge} x {merge} patches per vision token in {out}")
     return out
