@@ -80,7 +80,7 @@ def test_clip_round_trips_through_video(tmp_path):
     assert np.allclose(a["history"], b["history"]) and np.allclose(a["future"], b["future"])
     assert a["reasoning"] == b["reasoning"] and len(a["frames"]["front"]) == 4
     mtime = (tmp_path / "test-000001.npz").stat().st_mtime_ns
-    write_clip(str(tmp_path), "test", 1, seconds=9.0)  # already there: left as it is
+    write_clip(str(tmp_path), "test", 1, seconds=9.0, cameras=("front", "left"))  # already there: left as it is
     assert (tmp_path / "test-000001.npz").stat().st_mtime_ns == mtime
     with pytest.raises(ValueError):
         sample_at(clip, clip.ticks - 2)

@@ -69,10 +69,13 @@ def test_each_bundled_folder_says_its_task(tmp_path, driving):
     assert json.loads((tmp_path / "vla" / "config.json").read_text())[TASK_KEY] == "driving"
 
 
-def test_world_pipelines_refuse_drafters_and_wrong_folders(tiny_vlm):
+def test_world_pipelines_take_drafters_and_refuse_wrong_folders(tiny_vlm):
     _need(VLA)
-    with pytest.raises(InvalidInputError, match="no speculative drafter"):
-        MMSpecPipeline.from_pretrained(VLA, drafter="lookup")
+    # the driving pipeline drafts its reasoning with any core drafter (FlashDrive's speculative reasoning)
+    pipe = MMSpecPipeline.from_pretrained(VLA, drafter="lookup")
+    assert "spec: lookup" in pipe.engine.describe()
+    with pytest.raises(InvalidInputError):
+        MMSpecPipeline.from_pretrained(VLA, drafter="no-such-drafter")
     from mmspec.drivers import DrivingPipeline
     from mmspec.image_ar import ImageARPipeline
 
