@@ -404,12 +404,7 @@ class System:
             >>> System("eagle:/tmp/head & lookup;history_tokens=9", None, 1).label
             'eagle & lookup;history_tokens=9'
         """
-        base = self.name.removesuffix(BUDGET_SUFFIX)
-        parts = []
-        for part in base.split(UNION_SEP):
-            head, *opts = part.strip().split(";")
-            parts.append(";".join([head.partition(":")[0]] + opts))
-        return UNION_SEP.join(parts) + self.name[len(base):]
+        return getattr(self, "_label", None) or _label_of(self.name)
 
     def unsupported(self, batch_size: int) -> str | None:
         """``None`` when the system can run this batch size, else the record's ``"unsupported: ..."`` status."""
@@ -621,7 +616,37 @@ def build_systems(names: list[str], model, cfg: BenchConfig, max_new_tokens: int
             systems.append(MMSpecSystem(name, model, max_new_tokens, drafter, budget, rule))
     for system in systems:
         system.sampling = None if cfg.sampling is None else dict(cfg.sampling)
+    _disambiguate_labels(systems)
     return systems
+
+
+def _disambiguate_labels(systems: list) -> None:
+    """Systems whose labels coincide (the same kind from two folders: ``glance:A``, ``glance:B``) would share one
+    record key; each of them gets its folder's name after the kind instead (``glance@A``).
+
+    Example:
+        >>> a, b = System("glance:/w/flat;branch_k=1", None, 1), System("glance:/w/decay;branch_k=1", None, 1)
+        >>> _disambiguate_labels([a, b]); a.label, b.label
+        ('glance@flat;branch_k=1', 'glance@decay;branch_k=1')
+    """
+    import collections
+
+    counts = collections.Counter(s.label for s in systems)
+    for system in systems:
+        if counts[system.label] > 1:
+            system._label = _label_of(system.name, folder=True)
+
+
+def _label_of(name: str, folder: bool = False) -> str:
+    """A system name without its drafters' paths (``folder``: each path's last folder kept as ``kind@folder``)."""
+    base = name.removesuffix(BUDGET_SUFFIX)
+    parts = []
+    for part in base.split(UNION_SEP):
+        head, *opts = part.strip().split(";")
+        kind, _, path = head.partition(":")
+        where = os.path.basename(os.path.normpath(path)) if path and folder else ""
+        parts.append(";".join([f"{kind}@{where}" if where else kind] + opts))
+    return UNION_SEP.join(parts) + name[len(base):]
 
 
 # ---------------------------------------------------------------------------- measuring

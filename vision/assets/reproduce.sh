@@ -91,3 +91,14 @@ python -m mmspec.vision.testbed eval --model "$W/faithful-stage1" --n 16 --max-n
     --workload docs,charts --reference-tau --dtype bfloat16 --threads 1
 python -m mmspec.vision.testbed eval --model "$HERE/testbed-vlm" --n 8 --max-new-tokens 64 --workload docs,charts \
     --reference-tau --dtype bfloat16 --threads 1
+# Reading tests of 2026-12-02 (README, "Why it does not read"): from stage 2's step 700, lines only, half scrambled,
+# batch 16, lr 3e-4, 400-step schedule; once as trained (merge 2), once remerged to one vision token per patch.
+# Teacher-forced accuracy on real and scrambled items: the probe vision/assets/probes/tf_scrambled.py (MODEL N SCR MODES).
+LINES_SCR='{"docs": {"mode": "line", "scrambled_fraction": 0.5}, "charts": {}}'
+python -m mmspec.vision.testbed remerge --init "$W/faithful-stage2" --out "$W/faithful-stage2-m1" --merge 1
+for pair in "$W/faithful-stage2:$W/read-m2" "$W/faithful-stage2-m1:$W/read-m1"; do
+python -m mmspec.vision.testbed train --out "${pair#*:}" --init "${pair%%:*}" --size small --steps 400 --warmup 20 \
+    --batch-size 16 --lr 3e-4 --aux-weight 0.25 --read-weight 0.5 --read-layers 2,3 --locate-weight 0.1 \
+    --track-weight 0.5 --probe-warmup 0 --self-feed 0 --docs-fraction 1.0 --save-every 50 --threads 1 \
+    --workload-options "$LINES_SCR"
+done
