@@ -840,6 +840,13 @@ def _bench_cell(batches: list, ids: list, batch_size: int, systems: list[System]
     return tallies
 
 
+# A record's measured fields: ``None`` in a record whose system did not run to the end.
+MEASURED_FIELDS = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
+                   "forwards_per_token", "target_forwards", "tokens_per_s", "tokens_per_s_vs_ar", "time_s",
+                   "identical_to_ar", "identical_rate", "divergences", "new_tokens", "lossless", "quality",
+                   "draftability", "drafter_counters")
+
+
 def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: _Tally, references=None) -> dict:
     """One result row; measured fields are ``None`` when the system did not run to the end.
 
@@ -854,12 +861,7 @@ def _record(workload: str, batch_size: int, n_examples: int, tally: _Tally, ar: 
            "batch_size": batch_size, "status": tally.status, "n_examples": n_examples, "note": tally.system.note,
            "dtype": dtype_name(getattr(tally.system.model, "dtype", None)), "sampling": tally.system.sampling}
     if not ok:
-        measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
-                    "forwards_per_token", "target_forwards", "tokens_per_s", "tokens_per_s_vs_ar", "time_s",
-                    "identical_to_ar",
-                    "identical_rate", "divergences", "new_tokens", "lossless", "quality", "draftability",
-                    "drafter_counters")
-        return {**rec, **dict.fromkeys(measured)}
+        return {**rec, **dict.fromkeys(MEASURED_FIELDS)}
     if kind == "mmspec":
         fpt, tau, lossless = s.forwards_per_token, s.tau, s.lossless
     elif kind == "ar":

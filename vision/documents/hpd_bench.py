@@ -263,16 +263,13 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
 
 def _record(workload: str, spec: str, p: dict, bs: int, n: int, pipe, runs, summaries, cfg, status,
             pages_opt: str = "default") -> dict:
-    from mmspec.bench import dtype_name
+    from mmspec.bench import MEASURED_FIELDS, dtype_name
 
     rec = {"workload": workload, "system": p["label"], "spec": spec, "kind": "hierarchical", "batch_size": bs,
            "n_examples": n, "dtype": dtype_name(getattr(pipe.model, "dtype", None)), "sampling": cfg.sampling,
            "note": None, "of_ceiling": None}
-    measured = ("tau", "accept_rate", "accepted_hist", "ceiling_rounds", "speedup_vs_ar", "speedup_median",
-                "forwards_per_token", "target_forwards", "tokens_per_s", "tokens_per_s_vs_ar", "time_s", "identical_to_ar", "identical_rate",
-                "divergences", "new_tokens", "lossless", "quality", "draftability", "drafter_counters",
-                "pages_per_s", "pages_per_s_vs_ar", "char_error_rate", "ar_char_error_rate", "split")
-    rec.update(dict.fromkeys(measured))
+    rec.update(dict.fromkeys(MEASURED_FIELDS + ("pages_per_s", "pages_per_s_vs_ar", "char_error_rate",
+                                                "ar_char_error_rate", "split")))
     d = p["drafter"]
     main = runs.get(("hierarchical", d)) if runs else None
     if status is None and main is not None and main.status != "ok":
