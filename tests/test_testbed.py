@@ -351,3 +351,61 @@ def test_remerge_target_gives_one_vision_token_per_patch_and_trains(tiny, exampl
     assert log["aux_loss"] > 0 and log["read_loss"] > 0 and log["locate_loss"] > 0
     with pytest.raises(InvalidInputError, match="merge must be"):
         remerge_target(str(src), str(tmp_path / "bad"), merge=4, progress=False)
+
+
+def test_ordered_targets_spell_each_token_in_reading_order(examples):
+    from mmspec.vision.testbed import ordered_targets
+
+    ex = examples[0]
+    w, h = ex.images[0].size
+    grid = (h // PATCH, w // PATCH)
+    y = ordered_targets(ex, grid, slots=16)
+    assert y.shape == (grid[0] // MERGE * (grid[1] // MERGE), 16)
+    # Each token's slots: characters (class = CHARSET index + 1), then only "none" (0).
+    assert all((row[(row > 0).sum():] == 0).all() for row in y)
+    # Reading the tokens of one body line left to right spells the run (spaces included).
+    run = next(r for r in ex.meta["runs"] if r.get("chars") and len(r["text"]) > 8)
+    yc = (run["box"][1] + run["box"][3]) / 2
+    py = int(yc) // PATCH
+    row = [(run["chars"][i] + run["chars"][i + 1]) / 2 for i in range(len(run["text"]))]
+    cells = sorted({(py // MERGE) * (grid[1] // MERGE) + int(x) // PATCH // MERGE for x in row})
+    spelled = iter("".join(CHARSET[i - 1] for k in cells for i in y[k].tolist() if i))
+    # Another line may share these tokens (it comes before or after within each): the run is a subsequence.
+    assert all(ch in spelled for ch in run["text"])
+    assert ordered_targets(ex, grid, slots=2).shape[1] == 2  # cut at the slot count
+
+
+def test_ordered_reading_loss_rewards_the_right_order():
+    from mmspec.vision.testbed import patch_reading_loss
+
+    y = torch.zeros(3, 4, dtype=torch.long)
+    y[0, :2] = torch.tensor([34, 35])  # token 0 shows two characters, in this order; tokens 1-2 show nothing
+    right = torch.full((3, 4, len(CHARSET) + 1), -4.0)
+    right[..., 0] = 4.0
+    right[0, 0, 0], right[0, 1, 0] = -4.0, -4.0
+    right[0, 0, 34] = right[0, 1, 35] = 4.0
+    swapped = right.clone()
+    swapped[0, 0, 34], swapped[0, 0, 35], swapped[0, 1, 35], swapped[0, 1, 34] = -4.0, 4.0, -4.0, 4.0
+    loss_r, acc_r = patch_reading_loss(right, y, "ordered")
+    loss_s, acc_s = patch_reading_loss(swapped, y, "ordered")
+    assert acc_r == 1.0 and acc_s == 0.0 and loss_r < loss_s / 10
+
+
+@pytest.mark.slow
+def test_vision_only_training_changes_the_tower_alone(tmp_path):
+    from transformers import Qwen2VLForConditionalGeneration
+
+    init = tmp_path / "init"
+    train_target(TargetTrainConfig(out=str(init), size="tiny", steps=1, batch_size=1, save_every=1,
+                                   tokenizer_texts=100, vocab_size=400, warmup=1), progress=False)
+    out = tmp_path / "vo"
+    train_target(TargetTrainConfig(out=str(out), init=str(init), steps=2, batch_size=2, save_every=2, warmup=1,
+                                   lr=1e-2, aux_loss="ordered", vision_only=True, read_weight=0.0), progress=False)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and all(r["lm_loss"] == 0 and r["aux_loss"] > 0 for r in log)
+    a = Qwen2VLForConditionalGeneration.from_pretrained(init).state_dict()
+    b = Qwen2VLForConditionalGeneration.from_pretrained(out).state_dict()
+    changed = {k for k in a if not torch.equal(a[k], b[k])}
+    assert changed and all(".visual." in k or k.startswith("visual.") for k in changed), sorted(changed)[:5]
+    with pytest.raises(Exception, match="aux_weight"):
+        train_target(TargetTrainConfig(out=str(tmp_path / "x"), vision_only=True, aux_weight=0.0), progress=False)

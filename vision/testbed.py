@@ -111,6 +111,46 @@ def aux_targets(example, grid_hw: tuple[int, int], merge: int = MERGE) -> torch.
     return out
 
 
+def ordered_targets(example, grid_hw: tuple[int, int], merge: int = MERGE, slots: int = 0) -> torch.Tensor:
+    """``[n_merged, slots]`` class ids: the characters drawn in each merged token, in reading order.
+
+    Class ``0`` is *none* (after the token's last character), class ``i + 1`` is ``CHARSET[i]`` (spaces
+    included: a copy needs them). A character belongs to the merged token under its centre; characters are
+    ordered by their run's line, then left to right, and cut at ``slots`` (default ``4 * merge``). Unlike
+    :func:`aux_targets` (which characters lie under each patch, unordered), this says what a reader of the
+    token must write, in order: what the text model copies from a vision token.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> ex = SimpleNamespace(meta={"runs": [{"text": "ab", "box": (0, 0, 24, 20), "chars": [0, 12, 24]}]})
+        >>> [CHARSET[i - 1] for i in ordered_targets(ex, (2, 2))[0].tolist() if i]
+        ['a', 'b']
+    """
+    h, w = grid_hw
+    slots = slots or 4 * merge
+    cells: dict = {}
+    for run in example.meta.get("runs", []):
+        xs, text = run.get("chars"), run["text"]
+        x0, y0, x1, y1 = run["box"]
+        if not xs or len(xs) != len(text) + 1 or (y1 - y0) > 2 * (x1 - x0):
+            continue
+        cy = (y0 + y1) / 2
+        py = int(cy) // PATCH
+        for ch, a, b in zip(text, xs[:-1], xs[1:]):
+            idx = _CHAR_INDEX.get(ch)
+            cx = (a + b) / 2
+            px = int(cx) // PATCH
+            if idx is None or not (0 <= py < h and 0 <= px < w):
+                continue
+            k = (py // merge) * (w // merge) + px // merge
+            cells.setdefault(k, []).append((cy, cx, idx + 1))
+    out = torch.zeros(h // merge * (w // merge), slots, dtype=torch.long)
+    for k, chars in cells.items():
+        chars.sort()
+        out[k, :min(len(chars), slots)] = torch.tensor([c for _, _, c in chars[:slots]])
+    return out
+
+
 def char_locations(example, text: str) -> list:
     """Where each character of ``text`` (an answer) was drawn: ``(x, y)`` centres in pixels, or ``None``.
 
@@ -246,6 +286,9 @@ class TargetTrainConfig:
     ``state.pt``). ``self_feed``: the share of answer input tokens replaced by the model's own
     teacher-forced prediction (from a first, gradient-free pass; see :func:`self_feed_inputs`), so it learns to
     keep reading after its own mistakes instead of drifting into text that is not on the page.
+    ``vision_only``: train the vision tower (and its merger) on the patch reader's loss alone, the text model
+    frozen and never run: many cheap steps that teach the tower to read before the text model learns to copy.
+    ``read_slots``: characters per vision token the ``"ordered"`` reader writes (0: ``4 * merge``).
     """
 
     out: str = "testbed-target"
@@ -265,6 +308,8 @@ class TargetTrainConfig:
     probe_warmup: int = 0
     self_feed: float = 0.0
     docs_fraction: float = 0.5
+    vision_only: bool = False
+    read_slots: int = 0
     save_every: int = 250
     seed: int = 0
     threads: int = 0
@@ -282,6 +327,8 @@ def patch_reading_loss(logits, targets, kind: str = "softmax", blank_weight: flo
     for empty patches, weighted ``blank_weight``). ``"bce"``: the independent sigmoids of the first bundled
     target, which, averaged over 95 mostly-negative classes, barely beat a constant (0.048 against 0.088
     for logits of -6 everywhere, with 6% top-1 on patches with characters): the tower never learned to read.
+    ``"ordered"``: ``targets[n, slots]`` from :func:`ordered_targets` and ``logits[n, slots, C + 1]``; the summed
+    cross-entropy of the slots of each token, and the accuracy over slots that hold a character.
 
     Example:
         >>> y = torch.zeros(1, 4, 5); y[0, 0, 3] = 1
@@ -289,6 +336,15 @@ def patch_reading_loss(logits, targets, kind: str = "softmax", blank_weight: flo
         >>> loss, acc = patch_reading_loss(logits, y); round(loss.item(), 3), acc
         (0.001, 1.0)
     """
+    if kind == "ordered":
+        # Every slot is a class (0: no more characters); tokens that show nothing weigh ``blank_weight``.
+        has = targets[..., 0] > 0
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        ce = ce.view(targets.shape).sum(-1)
+        w = torch.where(has, 1.0, blank_weight)
+        drawn = targets > 0
+        acc = (logits.argmax(-1)[drawn] == targets[drawn]).float().mean().item() if drawn.any() else 0.0
+        return (w * ce).sum() / w.sum().clamp(min=1e-6), acc
     has = targets.sum(-1) > 0
     hit = targets.gather(-1, logits.argmax(-1, keepdim=True))[..., 0] > 0
     acc = hit[has].float().mean().item() if has.any() else 0.0
@@ -310,9 +366,9 @@ class PatchReader(torch.nn.Module):
         torch.Size([3, 4, 5])
     """
 
-    def __init__(self, hidden: int, n_classes: int = len(CHARSET), merge: int = MERGE):
+    def __init__(self, hidden: int, n_classes: int = len(CHARSET), merge: int = MERGE, cells: int = 0):
         super().__init__()
-        self.n_classes, self.cells = n_classes, merge * merge
+        self.n_classes, self.cells = n_classes, cells or merge * merge
         self.proj = torch.nn.Linear(hidden, self.cells * n_classes)
 
     def forward(self, h):
@@ -395,8 +451,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
 
     if cfg.track_weight and not cfg.read_weight:
         raise InvalidInputError("track_weight needs read_weight > 0 (the tracked head sits below the reading layers)")
-    if cfg.aux_loss not in ("softmax", "bce"):
-        raise InvalidInputError(f"aux_loss must be 'softmax' or 'bce', got {cfg.aux_loss!r}")
+    if cfg.aux_loss not in ("softmax", "bce", "ordered"):
+        raise InvalidInputError(f"aux_loss must be 'softmax', 'bce' or 'ordered', got {cfg.aux_loss!r}")
+    if cfg.vision_only and not cfg.aux_weight:
+        raise InvalidInputError("vision_only trains the tower on the patch reader's loss: aux_weight must be > 0")
     if not 0.0 <= cfg.self_feed <= 1.0:
         raise InvalidInputError(f"self_feed must be in [0, 1], got {cfg.self_feed}")
     if cfg.threads:
@@ -413,8 +471,15 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     workloads = {name: get_workload(name, char_boxes=True, **cfg.workload_options.get(name, {}))
                  for name in ("docs", "charts")}
     merge = merge_size(processor)
-    reader = PatchReader(model.config.text_config.hidden_size, merge=merge)
-    params = list(model.parameters()) + list(reader.parameters())
+    ordered = cfg.aux_loss == "ordered"
+    slots = cfg.read_slots or 4 * merge
+    reader = PatchReader(model.config.text_config.hidden_size, len(CHARSET) + ordered, merge,
+                         cells=slots if ordered else 0)
+    trained = model.model.visual if cfg.vision_only else model
+    if cfg.vision_only:
+        model.requires_grad_(False)
+        trained.requires_grad_(True)
+    params = list(trained.parameters()) + list(reader.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     start = 0
     locator = _Locator(model.config.text_config.hidden_size, merge)
@@ -447,9 +512,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         sched.step()
     captured = {}
     hooks = [model.model.visual.register_forward_hook(lambda m, a, out: captured.__setitem__("h", out.pooler_output))]
-    read_layers = _read_layers(cfg, model.config.text_config.num_hidden_layers)
+    read_layers = [] if cfg.vision_only else _read_layers(cfg, model.config.text_config.num_hidden_layers)
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    if cfg.locate_weight:
+    locate_weight = 0.0 if cfg.vision_only else cfg.locate_weight
+    if locate_weight:
         hooks.append(model.model.language_model.layers[0].register_forward_hook(
             lambda m, a, out: captured.__setitem__("layer0", out[0] if isinstance(out, tuple) else out)))
     if cfg.read_weight and read_layers:
@@ -473,20 +539,26 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             # Reading targets come from the reference tokens (they are matched against the batch's ids).
             where = reading_targets(processor, examples, batch) if cfg.read_weight and read_layers else None
             fed = 0.0
-            if cfg.self_feed:
+            if cfg.self_feed and not cfg.vision_only:
                 with torch.no_grad():
                     first = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].argmax(-1)
                 batch["input_ids"], fed = self_feed_inputs(batch["input_ids"], batch["labels"], first, cfg.self_feed,
                                                            feed_rng)
-            out = model(**batch)
+            if cfg.vision_only:
+                model.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"])
+                lm_loss = torch.zeros(())
+            else:
+                lm_loss = model(**batch).loss
             grids = batch["image_grid_thw"][:, 1:].tolist()
-            aux_y = torch.cat([aux_targets(ex, tuple(g), merge) for ex, g in zip(examples, grids)])
+            make_y = (lambda ex, g: ordered_targets(ex, g, merge, slots)) if ordered else (
+                lambda ex, g: aux_targets(ex, g, merge))
+            aux_y = torch.cat([make_y(ex, tuple(g)) for ex, g in zip(examples, grids)])
             # While the probes are new, they learn on detached features: a random probe's gradient would
             # otherwise push a trained tower (and first layer) around before the probe knows anything.
             warm = step < cfg.probe_warmup
             aux_logits = reader(captured["h"].detach() if warm else captured["h"])
             aux, aux_acc = patch_reading_loss(aux_logits, aux_y, cfg.aux_loss)
-            loss = out.loss + cfg.aux_weight * aux
+            loss = lm_loss + cfg.aux_weight * aux
             read = track = torch.zeros(())
             if cfg.read_weight and read_layers:
                 b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
@@ -503,9 +575,9 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
                     if len(cb):
                         track = -torch.log(captured[("attn", track_layer)][cb, 1, cq, current[cb, cq]] + 1e-6).mean()
                         loss = loss + cfg.track_weight * track
-            layer0 = captured["layer0"].detach() if warm and cfg.locate_weight else captured.get("layer0")
-            locate = locator.loss(layer0, batch, image_id) if cfg.locate_weight else torch.zeros(())
-            loss = loss + cfg.locate_weight * locate
+            layer0 = captured["layer0"].detach() if warm and locate_weight else captured.get("layer0")
+            locate = locator.loss(layer0, batch, image_id) if locate_weight else torch.zeros(())
+            loss = loss + locate_weight * locate
             opt.zero_grad(set_to_none=True)
             loc_opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -513,7 +585,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             opt.step()
             loc_opt.step()
             sched.step()
-            rec = {"step": step + 1, "lm_loss": round(out.loss.item(), 4), "aux_loss": round(aux.item(), 4),
+            rec = {"step": step + 1, "lm_loss": round(lm_loss.item(), 4), "aux_loss": round(aux.item(), 4),
                    "aux_acc": round(aux_acc, 4),
                    "read_loss": round(read.item(), 4), "track_loss": round(track.item(), 4),
                    "locate_loss": round(locate.item(), 4), "self_fed": round(fed, 4),
@@ -874,6 +946,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     add_config_arguments(t, TargetTrainConfig)
+    t.add_argument("--vision-only", action="store_true",
+                   help="train the vision tower on the patch reader's loss alone (see TargetTrainConfig)")
     g = sub.add_parser("grow", help="a deeper copy of a target that computes the same function (see grow_target)")
     g.add_argument("--init", required=True, help="the target to grow")
     g.add_argument("--out", required=True)
