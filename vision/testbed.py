@@ -499,12 +499,15 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         if os.path.isfile(os.path.join(cfg.init, "train_config.json")):
             with open(os.path.join(cfg.init, "train_config.json")) as f:
                 init_loss = json.load(f).get("aux_loss", "bce")
-        if os.path.isfile(os.path.join(cfg.init, "state.pt")) and init_loss == cfg.aux_loss:
+        saved = {}
+        if os.path.isfile(os.path.join(cfg.init, "state.pt")):
             saved = torch.load(os.path.join(cfg.init, "state.pt"), weights_only=True)
-            if "reader" in saved:  # a remerged target keeps no reader (its tokens cover other patches)
-                reader.load_state_dict(saved["reader"])
-            if "locator" in saved:  # its optimizer state stays behind: a new run gets a fresh one
-                locator.load_state_dict(saved["locator"])
+        if "locator" in saved:  # whatever the reader; its optimizer state stays behind: a new run gets a fresh one
+            locator.load_state_dict(saved["locator"])
+        # A remerged target keeps no reader (its tokens cover other patches); an ordered reader's slots must match.
+        if "reader" in saved and init_loss == cfg.aux_loss and saved["reader"]["proj.weight"].shape == \
+                reader.proj.weight.shape:
+            reader.load_state_dict(saved["reader"])
         elif progress:
             print(f"testbed: patch reader starts fresh ({cfg.init} has no state.pt with an {cfg.aux_loss} reader)")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
