@@ -100,6 +100,66 @@ def test_verify_and_correct_is_labelled_lossy_and_commits_blocks(small):
     assert not stats.lossless and stats.target_forwards < 16
 
 
+def _correct_law(p: list, q: list | None, x: int) -> dict:
+    """SSD's per-position correction written out: keep ``x`` with ``min(1, p(x) / q(x))``, else draw from
+    ``norm(max(0, p - q))`` (``q`` one-hot at ``x`` for a deterministic draft)."""
+    q = q if q is not None else [1.0 if i == x else 0.0 for i in range(len(p))]
+    keep = min(1.0, p[x] / q[x])
+    res = [max(0.0, a - b) for a, b in zip(p, q)]
+    law = {(i,): (1 - keep) * r / sum(res) for i, r in enumerate(res)}
+    law[(x,)] += keep
+    return law
+
+
+def test_ssd_correction_against_written_out_reference():
+    """SpatialCorrectRule.correct on hand-built distributions: node j is tested against scores[j] on its own, by the
+    written-out law (sampled and deterministic drafts), greedy takes the argmax, and the walk's hooks are what decide."""
+    from mmspec.acceptance import SpeculativeSamplingRule
+    from mmspec.image_ar.ssd import SpatialCorrectRule
+    from mmspec.tree import DraftTree
+
+    p = [torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.6, 0.1, 0.2, 0.1]), torch.tensor([0.25, 0.25, 0.4, 0.1])]
+    q = [torch.tensor([0.25] * 4), torch.tensor([0.1, 0.7, 0.1, 0.1]), torch.tensor([0.0, 0.5, 0.0, 0.5])]
+    scores = torch.log(torch.stack(p + [torch.full((4,), 0.25)]))
+    n = 2000
+    for drafts, probs in (([1, 1, 3], torch.stack(q)), ([3, 0, 2], None)):  # sampled, then deterministic drafts
+        tree = DraftTree.from_chain(drafts, probs)
+        rule, g = SpatialCorrectRule(), torch.Generator().manual_seed(0)
+        draws = [rule.correct(tree, scores, 1, g) for _ in range(n)]
+        for k, j in enumerate((1, 2)):  # node 0 is the walk's: correction starts past the bonus
+            law = _correct_law(p[j].tolist(), None if probs is None else q[j].tolist(), drafts[j])
+            counts = Counter((d[k][0],) for d in draws)
+            assert chisq_pvalue(counts, law, n) > ALPHA, (drafts, j, counts, law)
+            assert torch.allclose(draws[0][k][1], p[j])  # the law it was drawn from goes to the next pass as q
+    tree = DraftTree.from_chain([0, 0, 0])
+    assert SpatialCorrectRule(greedy=True).correct(tree, scores, 0) == [(3, None), (0, None), (2, None)]
+
+    class KeepAll(SpeculativeSamplingRule):
+        def accept_prob(self, p, q, x):
+            return 1.0
+
+    rule = SpatialCorrectRule()
+    rule._walk = KeepAll()
+    assert [y for y, _ in rule.correct(DraftTree.from_chain([3, 3, 0]), scores, 0)] == [3, 3, 0]
+
+
+def test_verify_and_correct_with_enough_rounds_is_ar(small):
+    """rounds >= draft_len - 1: every position is consumed by the sequential test before a block could be committed
+    whole, so the corrected carries are only drafts and greedy output is AR's token for token (what rules out a
+    misaligned carry); rounds=0 commits the head's drafts whole, unverified."""
+    model, tok, vq = small
+    ids, mask = _request_ids(tok, PROMPTS)
+    ar = generate_codes(model, ids, mask, tok, 16, 1.5, do_sample=False)
+    d = _drafter(model, k_h=3, k_v=1, draft_len=6, rounds=5)
+    codes, stats = speculative_codes(model, ids, mask, tok, 16, d, cfg_scale=1.5, do_sample=False)
+    assert torch.equal(codes, ar) and not stats.lossless
+    assert stats.drafter_counters["committed_whole"] == 0 and stats.drafter_counters["corrected"] > 0
+    d = _drafter(model, k_h=3, k_v=1, draft_len=6, rounds=0)
+    codes, stats = speculative_codes(model, ids, mask, tok, 16, d, cfg_scale=1.5, do_sample=False)
+    c = stats.drafter_counters
+    assert c["corrected"] == 0 and c["committed_whole"] > 0 and not torch.equal(codes, ar)
+
+
 def test_ssd_correct_follows_the_greedy_mode(small):
     """rule="ssd_correct" in a greedy run walks greedily (deterministic, the same codes as the drafter's own rule);
     a rule built for the other mode is refused, by speculative_codes and, through mmspec.generate, by the rule."""
