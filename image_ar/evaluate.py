@@ -114,8 +114,15 @@ def teacher_forced_accuracy(pipe, examples, batch_size: int = 32) -> dict:
 
 def main(argv=None) -> int:
     """``python -m mmspec.image_ar COMMAND``: train the VQ-VAE, the world classifier or the generator, or
-    evaluate them (JSON lines on stdout)."""
+    evaluate them (JSON lines on stdout); ``pareto BENCH.json`` tabulates and plots a bench run
+    (:mod:`mmspec.image_ar.pareto`)."""
     import argparse
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["pareto"]:  # its own parser: the options are the module's
+        from .pareto import main as pareto_main
+
+        return pareto_main(argv[1:])
 
     from .generator import ImageARPipeline, train_generator
     from .quality import train_classifier
@@ -146,6 +153,8 @@ def main(argv=None) -> int:
     e.add_argument("--cfg-scale", type=float, default=None, help="default: the generator's own")
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--top-k", type=int, default=None)
+    sub.add_parser("pareto", help="table, bars and Pareto plot of a `mmspec bench --workload images` JSON "
+                                  "(pareto BENCH.json --png PATH --md PATH)")
     x = sub.add_parser("export", help="write the shippable (bfloat16) copies into image_ar/assets")
     x.add_argument("--generator", default=None)
     x.add_argument("--classifier", default=None)
