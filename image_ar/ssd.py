@@ -38,9 +38,10 @@ Two modes:
 
   Where the quality goes (bundled generator, greedy, 16 prompts): the carried positions are right (``rounds=20``
   gives AR's codes token for token), but a block committed whole holds the target's choices on a stale prefix:
-  20% of the codes at ``rounds=1`` and 12% at ``rounds=2`` differ from the target's argmax on the prefix they were
-  committed after (0% for AR), and prompt accuracy falls from 0.81 to 0.12 / 0.31. The generator, trained
-  teacher-forced, is not robust to such codes: a property of the method on this target, not a bookkeeping error.
+  29% / 20% / 12% of the codes at ``rounds=0`` / ``1`` / ``2`` differ from the target's argmax on the prefix they
+  were committed after (0% for AR), and prompt accuracy falls from 0.81 to 0.06 / 0.12 / 0.31. The generator,
+  trained teacher-forced, is not robust to such codes: a property of the method on this target, not a bookkeeping
+  error.
 
 ``ssd_correct`` is built for one mode: ``"ssd_correct"`` for sampling, ``"ssd_correct;greedy=true"`` for greedy
 runs (``speculative_codes`` picks the run's mode when the name has no ``greedy`` option). It refuses a spatial tree
