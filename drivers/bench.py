@@ -231,8 +231,11 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
                 f"FlashDrive engine: {pipes[s].engine.describe() or 'no mechanism (control)'}")
         note += (f"; batch 1, {samples} trajectory samples per tick (one timed); {warmup} warm-up ticks per clip "
                  "untimed; closed loop plans every tick (10 Hz)")
-        rec = stage_record(s, stages[s], quality, note, vla.backbone.dtype, cfg is None or cfg.exact, budget_ms,
-                           d["tokens"])
+        engine = pipes[s].engine
+        rec = stage_record(s, stages[s], quality, note, vla.backbone.dtype,
+                           cfg is None or (engine.exact if engine is not None else cfg.exact), budget_ms, d["tokens"])
+        if engine is not None and engine.drafter is not None:
+            rec["exact_note"] = engine.SPEC_EXACT_NOTE
         n_timed = len(stages[s]["total"])
         if pipes[s].engine is not None and pipes[s].engine.drafter is not None and n_timed:
             # plain greedy makes one pass per token after the first (the prefill's); speculation one per round

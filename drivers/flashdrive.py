@@ -59,7 +59,7 @@ import torch
 
 from mmspec.errors import InvalidInputError
 
-from .vla import StepCache
+from .vla import StepCache, attention_mask_for
 
 __all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
            "bundled_drafter"]
@@ -133,7 +133,9 @@ class FlashDriveConfig:
     def parse(cls, spec) -> "FlashDriveConfig | None":
         """``True`` (all; speculative reasoning where a drafter fits, ``spec="auto"``), ``False`` / ``None`` (off:
         plain), a comma list of :data:`MECHANISMS` (each alone or together; ``stream-shift`` is streaming without
-        re-rotation; ``spec`` requires a drafter), a dict of fields, or a config.
+        re-rotation; ``spec`` requires a drafter), a dict of fields (fields it leaves out keep their defaults,
+        ``spec="auto"`` among them: a dict config speculates where a drafter fits unless it says ``"spec": False``),
+        or a config.
 
         Example:
             >>> FlashDriveConfig.parse("stream-shift").rerotate
@@ -180,7 +182,8 @@ class FlashDriveConfig:
     @property
     def exact(self) -> bool:
         """Whether every mechanism on is exact (the vision cache, the system level and greedy-verified speculative
-        reasoning are; streaming and step caching approximate)."""
+        reasoning are; streaming and step caching approximate). Speculative reasoning is exact in fp32 only:
+        :attr:`FlashDriveEngine.exact` also reads the model's dtype."""
         return not self.stream and self.step_cache is None
 
     def step_cache_policy(self) -> StepCache | None:
@@ -459,10 +462,8 @@ class FlashDriveEngine:
         mask = None
         k_order = torch.cat(order_cached + [q_idx])  # the prompt index of every cache entry
         if ncam > 1:  # the new frames sit between kept frames in sequence order: attend by original index
-            mask = (k_order[None, :] <= q_idx[:, None])[None, None]
-            if (self.backbone.config.get_text_config()._attn_implementation or "sdpa") != "sdpa":
-                mask = torch.zeros(mask.shape, dtype=emb.dtype, device=dev).masked_fill(
-                    ~mask, torch.finfo(emb.dtype).min)
+            mask = attention_mask_for((k_order[None, :] <= q_idx[:, None])[None, None],
+                                      self.backbone.config.get_text_config()._attn_implementation, emb.dtype)
         hidden, hs = self._forward(emb, tpl.positions[:, q_idx], cache, mask, self.hidden_layers)
         if self.hidden_layers:  # the drafter's states of the kept entries were computed on earlier ticks, as the KV
             if st.hidden is None:
@@ -591,27 +592,21 @@ class FlashDriveEngine:
             pos += 1
 
     def _decode_spec(self, logits, cache, tpl: _Template, hs: dict, order, grids) -> tuple:
-        """Speculative greedy reasoning: the drafter proposes a block (a tree) per round from the tick's states,
-        the core's :class:`~mmspec.target.TargetAdapter` scores it in one pass over this tick's cache, the core's
-        greedy rule accepts, the adapter commits. Returns ``(tokens, rounds)``; the cache ends as :meth:`_decode`
-        leaves it (prompt + every token but the last), so the action expert reads the same context.
+        """Speculative greedy reasoning through the core's rounds (:func:`mmspec.decode.decode_from_state`) from this
+        tick's cache: the drafter proposes a block (a tree) per round from the tick's states, the core's
+        :class:`~mmspec.target.TargetAdapter` scores it in one pass, the greedy rule accepts, the adapter commits.
+        Returns ``(tokens, rounds)``; the cache ends as :meth:`_decode` leaves it (prompt + every token but the
+        last), so the action expert reads the same context.
 
         ``hs``: the drafter's layers over the prompt in cache order, ``order`` the prompt index of each cache entry
         (``None``: cache order is prompt order)."""
-        from mmspec.acceptance import get_rule
-        from mmspec.drafters.base import DraftContext, RoundResult
+        from mmspec.decode import decode_from_state
         from mmspec.positions import StreamPositions
         from mmspec.target import TargetAdapter, TargetState
 
         dev = self.backbone.device
-        new = [int(logits[0].argmax())]
-        if self._done(new):
-            return new, 0
         if self._adapter is None:
             self._adapter = TargetAdapter(self.backbone, hidden_layers=self.hidden_layers)
-            self._rule = get_rule(None, do_sample=False)
-        adapter, rule, drafter = self._adapter, self._rule, self.drafter
-        L0 = cache.get_seq_length()
         ids = tpl.ids
         plen = int(ids.shape[0])
         if order is not None:  # the drafter reads the prompt in its own order (its positions are the prompt's)
@@ -620,47 +615,32 @@ class FlashDriveEngine:
         model_inputs = {"input_ids": ids[None].to(dev), "attention_mask": torch.ones(1, plen, dtype=torch.long,
                                                                                          device=dev),
                         "mm_token_type_ids": mm, "image_grid_thw": torch.stack([g.to(dev) for g in grids])}
-        seq = np.empty(plen + self.max_reasoning_tokens, dtype=np.int64)
-        seq[:plen] = ids.numpy()
-        seq[plen] = new[0]
-        state = TargetState(cache=cache, valid=torch.ones(1, L0, dtype=torch.bool, device=dev),
+        # positions: the last prompt token's (the adapter places the pending token one past it)
+        state = TargetState(cache=cache, valid=torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=dev),
                             positions=StreamPositions(torch.full((3, 1, 1), tpl.next_position - 1, device=dev)),
-                            pending=torch.tensor([new[0]], device=dev),
+                            pending=torch.zeros(1, dtype=torch.long, device=dev),
                             new_type_ids={"mm_token_type_ids": torch.zeros(1, 1, dtype=torch.long, device=dev)})
-
-        def context(hidden):
-            return DraftContext(sequences=[seq[: plen + len(new)]], rows=[0],
-                                remaining=[self.max_reasoning_tokens - len(new)], prompt_lengths=[plen],
-                                hidden=hidden, model_inputs=model_inputs)
-
-        ctx = context({i: h[None] for i, h in hs.items()})
-        drafter.begin(ctx)
-        rounds = 0
-        while True:
-            tree = drafter.propose(ctx)[0].prune(ctx.remaining[0] - 1)
-            out, _ = adapter.score(state, [tree])
-            rounds += 1
-            res = rule.accept_batch([tree], out.logits)[0]
-            kept, done = [], False
-            for t in [int(tree.tokens[j]) for j in res.path] + [res.next_token]:
-                seq[plen + len(new)] = t
-                new.append(t)
-                kept.append(t)
-                if self._done(new):
-                    done = True
-                    break
-            adapter.commit(state, [res.path], torch.tensor([res.next_token]))
-            if done:
-                break
-            prev, ctx = ctx, context(out.hidden_states)
-            drafter.observe(prev, RoundResult(trees=[tree], paths=[res.path], next_tokens=[res.next_token],
-                                              finished=[False], committed=[kept], scores=out.logits))
-        extra = cache.get_seq_length() - (L0 + len(new) - 1)
-        if extra > 0:  # a stop inside the accepted path: the tokens after it are not the VLA's
-            cache.crop(-extra)
-        self.stats["spec_rounds"] += rounds
+        (new,), stats = decode_from_state(
+            self._adapter, state, logits.float(), self.drafter, prompts=[ids.tolist()],
+            max_new=self.max_reasoning_tokens, eos_ids=self.eos, hidden={i: h[None] for i, h in hs.items()},
+            model_inputs=model_inputs, keep_state=True)
+        self.stats["spec_rounds"] += stats.rounds
         self.stats["spec_tokens"] += len(new) - 1
-        return new, rounds
+        return new, stats.rounds
+
+    SPEC_EXACT_NOTE = ("speculative reasoning is exact in fp32 (token for token the VLA's greedy reasoning); in "
+                       "bf16 a block pass rounds differently from one-token passes, so near-ties may decode differently")
+
+    @property
+    def exact(self) -> bool:
+        """Whether this engine's output is the plain pipeline's: every mechanism exact, and speculative reasoning (when
+        a drafter runs) only in fp32 (a verify pass over a block rounds differently from one-token passes in bf16).
+
+        Example:
+            >>> FlashDriveEngine(vla, FlashDriveConfig.parse("spec")).exact   # doctest: +SKIP
+            True
+        """
+        return self.config.exact and (self.drafter is None or self.backbone.dtype == torch.float32)
 
     def describe(self) -> str:
         c = self.config

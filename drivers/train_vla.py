@@ -32,7 +32,8 @@ from mmspec.vision.testbed import PatchReader
 from mmspec.workloads import get_workload
 
 from .clips import FRAMES_PER_CAMERA
-from .vla import ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION, TrajectoryExpert, next_text_positions
+from .vla import (ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION, TrajectoryExpert, attention_mask_for,
+                  next_text_positions)
 from .world import DT, LABELS, LOOKAHEAD_M
 
 __all__ = ["DrivingVLA", "RoadReader", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla",
@@ -222,8 +223,10 @@ def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=No
                                                    image_grid_thw=batch["image_grid_thw"],
                                                    attention_mask=batch["attention_mask"])
         kw["position_ids"] = pos
-        kw["attention_mask"] = {"full_attention": streaming_attention_mask(
-            batch["input_ids"], batch["attention_mask"], cfg.vision_start_token_id, cfg.vision_end_token_id)}
+        allowed = streaming_attention_mask(batch["input_ids"], batch["attention_mask"], cfg.vision_start_token_id,
+                                           cfg.vision_end_token_id)
+        kw["attention_mask"] = {"full_attention": attention_mask_for(
+            allowed, cfg.get_text_config()._attn_implementation, vla.backbone.dtype)}
     try:
         out = vla.backbone(**kw, use_cache=True)
     finally:

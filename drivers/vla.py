@@ -37,7 +37,7 @@ from mmspec.errors import InvalidInputError
 from .world import DT
 
 __all__ = ["TrajectoryExpert", "ACTION_MEAN", "ACTION_SCALE", "LEGACY_NORMALIZATION", "integrate_actions",
-           "time_embedding", "expert_attention_mask", "next_text_positions", "StepCache"]
+           "time_embedding", "expert_attention_mask", "attention_mask_for", "next_text_positions", "StepCache"]
 
 # Per-dimension normalisation of (accel m/s^2, curvature 1/m): the expert driver's mean and standard deviation
 # over 60 train clips (-0.50 +- 1.02; 0.000 +- 0.0066). Flow matching starts from unit noise, so each action
@@ -90,8 +90,19 @@ def expert_attention_mask(prefix_valid: torch.Tensor, n_actions: int, implementa
     B, L = prefix_valid.shape
     allowed = torch.cat([prefix_valid[:, None, :].expand(B, n_actions, L),
                          torch.ones(B, n_actions, n_actions, dtype=torch.bool, device=prefix_valid.device)], dim=2)
-    allowed = allowed[:, None]
-    if implementation == "sdpa":
+    return attention_mask_for(allowed[:, None], implementation, dtype)
+
+
+def attention_mask_for(allowed: torch.Tensor, implementation: str | None, dtype) -> torch.Tensor:
+    """A ``bool`` 4-D mask (true: may attend) in the form ``implementation`` takes: as is for sdpa, additive
+    (``0`` / the dtype's minimum) otherwise. Why: eager attention adds the mask to the scores, and a bool mask
+    added is ``0``/``1``: nothing would be masked.
+
+    Example:
+        >>> attention_mask_for(torch.tensor([[[[True, False]]]]), "eager", torch.float32)[0, 0, 0, 1].item() < -1e30
+        True
+    """
+    if (implementation or "sdpa") == "sdpa":
         return allowed
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 

@@ -38,7 +38,7 @@ from .stats import SpecStats
 from .target import TargetAdapter
 from .tree import DraftTree
 
-__all__ = ["generate", "GenerateOutput"]
+__all__ = ["generate", "GenerateOutput", "decode_from_state"]
 
 
 @dataclass
@@ -282,7 +282,6 @@ def generate(
     # ---------------------------------------------------------------- prefill + first token
     t0 = time.perf_counter()
     state, last_logits, hidden = adapter.prefill(input_ids, run.model_kwargs)
-    vocab = last_logits.shape[-1]
     stats.target_forwards += 1
     stats.prefill_rows += batch
     padded_prompt = input_ids.cpu()
@@ -291,6 +290,103 @@ def generate(
     stats.prefill_time += time.perf_counter() - t0
 
     prompt_rows = [input_ids[r, attention_mask[r].bool()].tolist() for r in range(batch)]
+    if streamer is not None:
+        streamer.put(padded_prompt)
+    generated, _ = decode_from_state(
+        adapter, state, scores, drafter, prompts=prompt_rows, max_new=max_new, eos_ids=eos_ids, rule=acceptance,
+        do_sample=do_sample, hidden=hidden, model_inputs={"input_ids": input_ids, **run.model_kwargs},
+        processors=tree_processor, generator=generator, stats=stats, stop=stopper.hit if stopper else None,
+        budget=budget, record_entropy=record_entropy, on_tokens=on_tokens, streamer=streamer, max_time=max_time,
+        t_start=t_start)
+
+    if streamer is not None:
+        streamer.end()
+    longest = max(len(g) for g in generated)
+    tail = torch.full((batch, longest), run.pad_id, dtype=input_ids.dtype)
+    for r, g in enumerate(generated):
+        tail[r, : len(g)] = torch.tensor(g, dtype=input_ids.dtype)
+    stats.generated = sum(len(g) for g in generated)
+    if drafter is not None:
+        stats.drafter_counters = dict(drafter.counters())
+    stats.total_time = time.perf_counter() - t_start
+    return GenerateOutput(torch.cat([padded_prompt, tail], dim=1).to(device), stats)
+
+
+@torch.no_grad()
+def decode_from_state(
+    adapter: TargetAdapter,
+    state,
+    scores: torch.Tensor,
+    drafter: Drafter | None = None,
+    *,
+    prompts: list,
+    max_new: int,
+    eos_ids=(),
+    rule: str | AcceptanceRule | None = None,
+    do_sample: bool = False,
+    hidden: dict | None = None,
+    model_inputs: dict | None = None,
+    processors: TreeLogitsProcessor | None = None,
+    generator: torch.Generator | None = None,
+    stats: SpecStats | None = None,
+    stop=None,
+    budget: DepthBudget | None = None,
+    record_entropy: bool = False,
+    on_tokens=None,
+    streamer=None,
+    max_time: float | None = None,
+    t_start: float | None = None,
+    keep_state: bool = False,
+) -> tuple[list, SpecStats]:
+    """The speculative rounds of :func:`generate`, from a target state someone already prefilled.
+
+    :func:`generate` prefills with :meth:`TargetAdapter.prefill` and calls this; a pipeline that builds its own
+    cache (FlashDrive's streamed KV, moved and re-rotated across ticks) hands its state here instead and gets the
+    same rounds: the first token from ``scores``, then ``drafter.propose`` -> one ``adapter.score`` pass ->
+    ``rule`` accepts -> ``adapter.commit``, until every row stops (eos, ``max_new`` tokens, ``stop``, ``max_time``).
+
+    Args:
+        adapter: the :class:`~mmspec.target.TargetAdapter` over the target (``hidden_layers`` = the drafter's).
+        state: a :class:`~mmspec.target.TargetState` whose cache holds each row's prompt; ``positions`` give the
+            position after the prompt; ``pending`` is overwritten with the first token.
+        scores: ``[B, V]`` processed scores for the token after the prompt (what the rule picks the first from).
+        drafter: a bound :class:`~mmspec.drafters.Drafter`, or ``None`` (one token per pass).
+        prompts: per row, its unpadded prompt tokens (what drafters see in ``DraftContext.sequences``).
+        max_new: tokens each row may generate (the first one included).
+        eos_ids: token ids that stop a row (kept, as ``generate`` keeps them).
+        rule: acceptance rule name or object (default: greedy, or speculative sampling if ``do_sample``).
+        hidden, model_inputs: the prefill's ``{layer: [B, L, H]}`` states and the call's inputs (``DraftContext``).
+        processors: a :class:`~mmspec.processing.TreeLogitsProcessor` applied to every pass (``None``: raw logits).
+        stop: ``callable(history) -> bool``, whether a row's history (prompt + generated) ends in a stop.
+        stats: the :class:`~mmspec.stats.SpecStats` the rounds add to (a new one if ``None``).
+        keep_state: rows that stop in the last round stay in ``state`` (finished earlier ones still leave), with
+            every token they kept but the last in the cache (tokens past a stop inside an accepted path are
+            removed): what a caller that reads the cache afterwards needs. ``False``: they leave, as in ``generate``.
+        generator, budget, record_entropy, on_tokens, streamer, max_time, t_start: as for :func:`generate`.
+
+    Returns:
+        ``(generated, stats)``: each row's new tokens (a list of ints per row) and the stats.
+
+    Example:
+        >>> adapter = TargetAdapter(model)                                                      # doctest: +SKIP
+        >>> state, logits, hidden = adapter.prefill(ids, {"attention_mask": mask})              # doctest: +SKIP
+        >>> tokens, stats = decode_from_state(adapter, state, logits, prompts=[ids[0].tolist()],
+        ...                                   max_new=32, eos_ids={2})                          # doctest: +SKIP
+    """
+    t_start = time.perf_counter() if t_start is None else t_start
+    acceptance = get_rule(rule, do_sample)
+    if stats is None:
+        mode_ok = acceptance.mode is None or acceptance.mode == ("sample" if do_sample else "greedy")
+        stats = SpecStats(rule=acceptance.name, lossless=acceptance.lossless and mode_ok,
+                          drafter=getattr(drafter, "kind", ""))
+    eos_ids = set(eos_ids)
+    device = scores.device
+    batch, vocab = scores.shape
+    hidden = hidden or {}
+    model_inputs = model_inputs or {}
+    if processors is None:
+        processors = TreeLogitsProcessor([], torch.zeros(batch, 0, dtype=torch.long))
+    prompt_rows = [list(p) for p in prompts]
     generated: list[list[int]] = [[] for _ in range(batch)]
     # Each row's committed tokens in a preallocated buffer: drafters get views, O(1) per round.
     buffers = [np.empty(len(p) + max_new, dtype=np.int64) for p in prompt_rows]
@@ -306,7 +402,7 @@ def generate(
             buffers[r][len(prompt_rows[r]) + len(generated[r])] = tok
             generated[r].append(tok)
             if tok in eos_ids or len(generated[r]) >= max_new or (
-                stopper is not None and stopper.hit(buffers[r][: len(prompt_rows[r]) + len(generated[r])])
+                stop is not None and stop(buffers[r][: len(prompt_rows[r]) + len(generated[r])])
             ):
                 return kept, True
         return kept, False
@@ -317,8 +413,6 @@ def generate(
         if streamer is not None:
             streamer.put(torch.tensor(kept))
 
-    if streamer is not None:
-        streamer.put(padded_prompt)
     firsts = acceptance.accept_batch([DraftTree.empty()] * batch, scores[:, None], generator)
     finished = []
     for r, res in enumerate(firsts):
@@ -327,11 +421,12 @@ def generate(
         finished.append(done)
     state.pending = torch.tensor([res.next_token for res in firsts], dtype=torch.long, device=device)
     keep = [i for i, d in enumerate(finished) if not d]
-    if len(keep) < batch:
+    if len(keep) < batch and (keep or not keep_state):
         adapter.select_rows(state, keep)
         active = [active[i] for i in keep]
         hidden = {k: v[keep] for k, v in hidden.items()}
-    model_inputs = {"input_ids": input_ids, **run.model_kwargs}
+    elif not keep:
+        active = []
 
     def context(hidden_states) -> DraftContext:
         return DraftContext(
@@ -349,7 +444,6 @@ def generate(
     if drafter is not None and active:
         drafter.begin(ctx)
 
-    # ---------------------------------------------------------------- rounds
     while active:
         t0 = time.perf_counter()
         pruned = [False] * len(active)
@@ -370,7 +464,7 @@ def generate(
         t2 = time.perf_counter()
         if budget is not None:
             budget.observe_pass(out.logits.shape[1], t2 - t1)
-        row_scores = tree_processor(active, generated, trees, out.logits)
+        row_scores = processors(active, generated, trees, out.logits)
         results = acceptance.accept_batch(trees, row_scores, generator)
         if record_entropy:  # the target's uncertainty at each row's root, beside what the round commits below
             t_audit = time.perf_counter()
@@ -394,8 +488,11 @@ def generate(
             finished.append(done or out_of_time)
         t3 = time.perf_counter()
         keep = [i for i, d in enumerate(finished) if not d]
+        last = keep_state and not keep  # the last rows stop: they stay in the state for the caller
         adapter.commit(state, paths, torch.tensor(nexts, dtype=torch.long),
-                       keep_rows=keep if len(keep) < len(active) else None)
+                       keep_rows=keep if len(keep) < len(active) and not last else None)
+        if last:  # the cache holds path + next token minus the pending one; a stop may have cut the path short
+            adapter.truncate(state, [len(p) + 1 - len(c) for p, c in zip(paths, committed)])
         t4 = time.perf_counter()
         result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished, committed=committed,
                              scores=row_scores)
@@ -409,18 +506,7 @@ def generate(
         stats.verify_time += t2 - t1
         stats.accept_time += t3 - t2
         stats.commit_time += t4 - t3
-
-    if streamer is not None:
-        streamer.end()
-    longest = max(len(g) for g in generated)
-    tail = torch.full((batch, longest), run.pad_id, dtype=input_ids.dtype)
-    for r, g in enumerate(generated):
-        tail[r, : len(g)] = torch.tensor(g, dtype=input_ids.dtype)
-    stats.generated = sum(len(g) for g in generated)
-    if drafter is not None:
-        stats.drafter_counters = dict(drafter.counters())
-    stats.total_time = time.perf_counter() - t_start
-    return GenerateOutput(torch.cat([padded_prompt, tail], dim=1).to(device), stats)
+    return generated, stats
 
 
 def _check_trees(drafter, trees: list, rows: int, vocab: int) -> None:

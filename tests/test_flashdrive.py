@@ -150,12 +150,81 @@ def test_speculative_reasoning_equals_the_vlas_own_greedy(two_layer, world, bran
     plain = _pipe(two_layer)
     spec = _pipe(two_layer, {**SPEC, "drafter": _glance(two_layer, branch_k=branch_k)})
     spec.max_reasoning_tokens = spec.engine.max_reasoning_tokens = plain.max_reasoning_tokens = 9
-    assert spec.flashdrive.exact and "spec" in spec.engine.describe()
+    assert spec.flashdrive.exact and spec.engine.exact and "spec" in spec.engine.describe()  # fp32
     for k in (20, 21):
         ref, got = _step(plain, world, k), _step(spec, world, k)
         assert got["tokens"] == ref["tokens"] and got["reasoning"] == ref["reasoning"]
         assert 1 <= got["spec_rounds"] <= len(got["tokens"]) - 1
         assert np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
+
+
+def test_speculative_reasoning_claims_exactness_in_fp32_only():
+    """Greedy verification is token for token the VLA's own decoding in fp32; in bf16 a block pass rounds unlike
+    one-token passes, so an engine with a drafter on a bf16 VLA does not claim exactness (one without does)."""
+    vla = _tiny(1).to(torch.bfloat16)
+    spec, exact = _pipe(vla, {**SPEC, "drafter": _glance(vla, layer_ids=(0, 1))}), _pipe(vla, "vision_cache,system")
+    assert spec.flashdrive.exact and not spec.engine.exact and exact.engine.exact
+    assert "fp32" in spec.engine.SPEC_EXACT_NOTE
+
+
+def test_speculative_reasoning_commits_blocks_and_stops_inside_one():
+    """Fast oracle test on a tiny VLA (random untied head, so its greedy reasoning varies): an oracle drafter proposes
+    the true reasoning then junk. Whole blocks are committed in one pass each; an end token accepted inside a block
+    stops the reasoning there, and the drafted tokens after it leave the cache before the action expert reads it
+    (same trajectory as plain generate); an end token as the very first token makes no round; a noisy tree too."""
+    from mmspec.drafters.oracle import NoisyOracleDrafter
+    from mmspec.drivers.world import render_frame, scenario_for, simulate
+
+    vla = _tiny(2)
+    bb = vla.backbone
+    bb.lm_head.weight = torch.nn.Parameter(torch.randn(bb.lm_head.weight.shape, generator=torch.Generator().manual_seed(0)))
+    sim = simulate(scenario_for("test", 1, 0, "lead_brake"), 2.3)
+    world = (sim, {("front", k): render_frame(sim, k, "front") for k in range(17, 21)})
+    plain = _pipe(vla)
+    plain.max_reasoning_tokens = 14
+    free = _step(plain, world, 20)["tokens"]
+    first = {}
+    for i, t in enumerate(free):
+        first.setdefault(t, i)
+    inside = [i for i in first.values() if i >= 8 and i % 7]  # a second block, ended inside
+    assert inside and len(free) == 14
+    oracle = NoisyOracleDrafter([[0]], depth=6, corrupt_p=0.0, vocab_size=bb.config.text_config.vocab_size)
+    try:
+        for stop_at in (inside[-1], 0):
+            bb.generation_config.eos_token_id = free[stop_at]
+            ref = _step(plain, world, 20)
+            assert ref["tokens"] == free[: stop_at + 1]
+            spec = _pipe(vla, {**SPEC, "drafter": oracle})
+            spec.max_reasoning_tokens = spec.engine.max_reasoning_tokens = 14
+            for p, extra in ((0.0, 0), (0.4, 2)):
+                oracle.reference, oracle.corrupt_p, oracle.extra_branches = [free + [7] * 6], p, extra
+                got = _step(spec, world, 20)
+                assert got["tokens"] == ref["tokens"]
+                assert np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
+                if p == 0.0:
+                    assert got["spec_rounds"] == -(-stop_at // 7)  # 6 drafts + 1 bonus per pass
+    finally:
+        bb.generation_config.eos_token_id = None
+
+
+def test_streaming_mask_under_eager_attention_is_additive():
+    """``vla_losses(stream_mask=True)`` under eager attention: a bool mask added to the scores would mask nothing, so
+    it is converted; the loss equals sdpa's under the same (bool) mask, and differs from the unmasked loss."""
+    from mmspec.drivers.train_vla import vla_losses
+    from mmspec.drivers.world import LABELS
+    from mmspec.vision.testbed import PatchReader
+    from mmspec.workloads import get_workload
+
+    vla = _tiny(2)
+    examples = get_workload("driving", labels=True).examples("train", 1)
+    reader = PatchReader(vla.backbone.config.text_config.hidden_size, len(LABELS))
+    with torch.no_grad():
+        sdpa = vla_losses(vla, examples, reader, stream_mask=True)["lm"]
+        vla.backbone.set_attn_implementation("eager")
+        assert vla.backbone.config.get_text_config()._attn_implementation == "eager"
+        eager = vla_losses(vla, examples, reader, stream_mask=True)["lm"]
+        unmasked = vla_losses(vla, examples, reader)["lm"]
+    assert torch.allclose(eager, sdpa, atol=1e-5) and not torch.allclose(eager, unmasked, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -402,6 +471,11 @@ def test_flashdrive_config_parsing():
     assert full.spec == "auto"  # speculative reasoning where a drafter fits the VLA
     assert FlashDriveConfig.parse("system").names() == ["system"] and FlashDriveConfig.parse("system").exact
     assert FlashDriveConfig.parse("vision_cache,system,spec").exact  # greedy verification: exact
+    # A dict keeps the defaults of the fields it leaves out: speculation stays "auto" (on where a drafter fits) unless
+    # the dict turns it off; a mechanism list names what runs, so there it is off unless listed.
+    assert FlashDriveConfig.parse({"step_cache": None}).spec == "auto"
+    assert FlashDriveConfig.parse({"step_cache": None, "spec": False}).names() == ["vision_cache", "stream", "system"]
+    assert FlashDriveConfig.parse("stream").spec is False
     for bad in ("warp", {"nope": 1}, {"step_cache": "sometimes"}, {"on_break": "ignore"}, {"spec": "maybe"}, 3):
         with pytest.raises(InvalidInputError):
             FlashDriveConfig.parse(bad)
@@ -431,6 +505,7 @@ def test_drive_sim_command_writes_records(two_layer, tmp_path):
         assert {"min_ade", "min_ade_2", "collision_rate", "offroad_rate", "red_light_rate", "n_scenarios"} <= set(q)
         assert q["n_scenarios"] == 1 and q["n_open_loop_ticks"] == 2
     assert recs[0]["exact"] and not recs[1]["exact"] and recs[3]["exact"]
+    assert "fp32" in recs[3]["exact_note"] and "exact_note" not in recs[0]  # spec's exactness holds in fp32
     assert recs[0]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
     assert recs[3]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
     sp = recs[3]["speculation"]
