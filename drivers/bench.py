@@ -99,7 +99,8 @@ def _ade(a, b) -> float:
 
 def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks: int = 8, warmup: int = 3,
               closed: int = 2, seconds: float = 6.0, budget_ms: float = 100.0, samples: int = 6, seed: int = 0,
-              dtype="float32", clips_dir: str | None = None, progress: bool = True, drafter=None) -> list[dict]:
+              dtype="float32", clips_dir: str | None = None, progress: bool = True, drafter=None,
+              closed_start: int = 0) -> list[dict]:
     """``mmspec drive-sim``: the driving-simulation latency loop, one record per system.
 
     **Open loop**: ``clips`` clips (the expert's drives of test scenarios, all kinds in turn) are written as video
@@ -109,7 +110,8 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     ``samples``) against the expert's future, and, against plain on the same tick, whether the reasoning is identical,
     the largest first-token logit difference and the trajectory's ADE to plain's (``vs_plain``).
     **Closed loop**: each system drives ``closed`` scenarios for ``seconds`` (the expert hands over at 2 s), planning
-    every tick (10 Hz); collision, off-road and red-light rates. Latency (per stage: median; ``p50`` / ``p90``) pools
+    every tick (10 Hz); collision, off-road and red-light rates (scenarios ``closed_start`` to ``closed_start + closed
+    - 1``: a long study runs in chunks whose counts add up). Latency (per stage: median; ``p50`` / ``p90``) pools
     the timed open-loop ticks and every closed-loop plan; with ``plain`` in the run each record also has
     ``stage_ratio_vs_plain`` (plain's median over this system's, per stage). Systems with speculative reasoning
     (``drafter``: its ``make_drafter`` spec or folder; default the bundled one) report under ``speculation`` the mean
@@ -136,9 +138,9 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     unknown = [s for s in systems if s not in SIM_SYSTEMS]
     if unknown or not systems:
         raise InvalidInputError(f"unknown systems {unknown}; drive-sim knows {list(SIM_SYSTEMS)}")
-    if min(clips, closed) < 0 or ticks < 1 or warmup < 0 or samples < 1 or (clips == 0 and closed == 0):
+    if min(clips, closed, closed_start) < 0 or ticks < 1 or warmup < 0 or samples < 1 or (clips == 0 and closed == 0):
         raise InvalidInputError("drive-sim needs clips >= 0, closed >= 0 (not both 0), ticks >= 1, warmup >= 0, "
-                                "samples >= 1")
+                                "samples >= 1, closed-loop-start >= 0")
     if closed and seconds <= 2.0 + DT:
         raise InvalidInputError(f"a closed-loop drive of {seconds} s ends before the hand-over at 2 s")
     vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(dtype, model, "cpu"))
@@ -197,7 +199,7 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
                     per[s]["logit_diff"].append(float((res["first_logits"] - ref["first_logits"]).abs().max()))
                     per[s]["ade_vs_plain"].append(_ade(res["trajectory"], ref["trajectory"]))
     events = {s: {k: 0 for k in INCIDENTS} for s in systems}
-    for i in range(closed):
+    for i in range(closed_start, closed_start + closed):
         scn = scenario_for("test", 10_000 + i, seed, SCENARIO_KINDS[i % len(SCENARIO_KINDS)])
         for s, p in pipes.items():
             def on_plan(k, res, s=s):
@@ -217,7 +219,7 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
                        float(np.mean(d["ade_k"])) if d["ade_k"] else None,
                    **{f"{k}_rate": (events[s][k] / closed if closed else None) for k in INCIDENTS},
                    **{f"{k}_count": events[s][k] for k in INCIDENTS},
-                   "n_scenarios": closed, "n_clips": clips, "n_open_loop_ticks": len(d["ade_1"])}
+                   "n_scenarios": closed, "first_scenario": closed_start, "n_clips": clips, "n_open_loop_ticks": len(d["ade_1"])}
         if d["same_text"]:
             quality["vs_plain"] = {"reasoning_identical_rate": float(np.mean(d["same_text"])),
                                    "max_first_logit_diff": float(np.max(d["logit_diff"])),
@@ -260,6 +262,8 @@ def _sim_arguments(p) -> None:
     p.add_argument("--ticks", type=int, default=8, help="timed ticks per clip, after the warm-up (default 8)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up ticks per clip (default 3)")
     p.add_argument("--closed-loop", type=int, default=2, dest="closed", help="closed-loop scenarios (default 2)")
+    p.add_argument("--closed-loop-start", type=int, default=0, dest="closed_start",
+                   help="index of the first closed-loop scenario (default 0; chunks of a long study)")
     p.add_argument("--seconds", type=float, default=6.0, help="closed-loop drive length in s (default 6)")
     p.add_argument("--budget-ms", type=float, default=100.0, help="real-time budget per tick (default 100: 10 Hz)")
     p.add_argument("--samples", type=int, default=6, help="trajectory samples per tick for minADE (default 6)")
@@ -295,7 +299,7 @@ def _sim_run(args) -> int:
     systems = list(SIM_SYSTEMS) if args.systems == "all" else [s.strip() for s in args.systems.split(",") if s.strip()]
     recs = drive_sim(model, systems, args.clips, args.ticks, args.warmup, args.closed, args.seconds, args.budget_ms,
                      args.samples, args.seed, args.dtype, args.clips_dir, progress=not args.no_progress,
-                     drafter=args.drafter)
+                     drafter=args.drafter, closed_start=args.closed_start)
     base = next((r for r in recs if r["system"] == "plain"), None)
     print(f"{'system':16s} {'pre':>5s} {'enc':>5s} {'fill':>5s} {'dec':>6s} {'act':>6s} {'total':>6s} {'p90':>6s} "
           f"{'Hz':>5s} {'x plain':>7s} {'RT':>3s} {'minADE':>6s} {'ADE_6':>6s} {'coll':>4s} {'off':>4s} {'red':>4s} "

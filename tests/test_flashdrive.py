@@ -492,7 +492,7 @@ def test_drive_sim_command_writes_records(two_layer, tmp_path):
     rc = main(["drive-sim", "--model", model, "--systems", "plain,flashdrive,stream,spec", "--clips", "1", "--ticks",
                "2", "--warmup", "1", "--closed-loop", "1", "--seconds", "2.3", "--samples", "2", "--threads", "1",
                "--clips-dir", str(tmp_path / "clips"), "--json", str(out), "--no-progress", "--step-study", "1",
-               "--drafter", str(tmp_path / "drafter")])
+               "--drafter", str(tmp_path / "drafter"), "--closed-loop-start", "3"])
     assert rc == 0
     data = json.loads(out.read_text())
     recs, study = data["results"], {r["variant"]: r for r in data["step_cache_study"]}
@@ -503,7 +503,7 @@ def test_drive_sim_command_writes_records(two_layer, tmp_path):
         lat, q = r["latency_ms"], r["quality"]
         assert {"encode", "prefill", "decode", "action", "total", "p50", "p90"} <= set(lat) and r["hz"] > 0
         assert {"min_ade", "min_ade_2", "collision_rate", "offroad_rate", "red_light_rate", "n_scenarios"} <= set(q)
-        assert q["n_scenarios"] == 1 and q["n_open_loop_ticks"] == 2
+        assert q["n_scenarios"] == 1 and q["first_scenario"] == 3 and q["n_open_loop_ticks"] == 2
     assert recs[0]["exact"] and not recs[1]["exact"] and recs[3]["exact"]
     assert "fp32" in recs[3]["exact_note"] and "exact_note" not in recs[0]  # spec's exactness holds in fp32
     assert recs[0]["quality"]["vs_plain"]["reasoning_identical_rate"] == 1.0
