@@ -61,10 +61,12 @@ SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False,
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
                "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2, "spec": False},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
-               "flashdrive": True, "flashdrive-refresh2": {"refresh_every": 2}}
+               "flashdrive": True, "flashdrive-refresh2": {"refresh_every": 2},
+               "flashdrive-noreuse": {"reuse_reasoning": False}}
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
 mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
-which needs a drafter for the VLA), and ``flashdrive`` (all; speculative reasoning when a drafter fits)."""
+which needs a drafter for the VLA), and ``flashdrive`` (all; speculative reasoning when a drafter fits;
+``flashdrive-noreuse`` without drafting the last tick's reasoning first)."""
 
 
 def stage_record(system: str, stages: dict, quality: dict, note: str, dtype, exact: bool, budget_ms: float,

@@ -57,12 +57,14 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from mmspec.drafters.base import DraftContext, Drafter
 from mmspec.errors import InvalidInputError
+from mmspec.tree import DraftTree
 
 from .vla import StepCache, attention_mask_for
 
 __all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
-           "bundled_drafter"]
+           "bundled_drafter", "ReasoningReuseDrafter"]
 
 MECHANISMS = ("vision_cache", "stream", "step_cache", "system", "spec")
 """The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``)."""
@@ -98,6 +100,8 @@ class FlashDriveConfig:
             VLA's; off otherwise, said by :meth:`FlashDriveEngine.describe`), ``False``.
         drafter: the reasoning drafter, a ``make_drafter`` spec (``"glance:DIR"``, ``"glance:DIR;branch_k=2"``) or a
             folder (read as ``glance:DIR``); ``None``: the bundled :data:`DRAFTER_DIR`.
+        reuse_reasoning: with speculative reasoning, the first round drafts the rest of the last tick's reasoning
+            (:class:`ReasoningReuseDrafter`; the drafter takes over from the first mismatch). Exact like ``spec``.
 
     Example:
         >>> FlashDriveConfig.parse({"step_cache": "fixed", "stream": False}).step_cache
@@ -115,6 +119,7 @@ class FlashDriveConfig:
     refresh_every: int = 0
     spec: object = "auto"
     drafter: object = None
+    reuse_reasoning: bool = True
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
@@ -222,6 +227,89 @@ def bundled_drafter() -> str | None:
     return DRAFTER_DIR if os.path.isfile(os.path.join(DRAFTER_DIR, "config.json")) else None
 
 
+class ReasoningReuseDrafter(Drafter):
+    """Speculative reasoning at 10 Hz: the first round drafts the rest of the last tick's reasoning, then ``fallback``.
+
+    Ticks 100 ms apart mostly reason alike. When the tick's first token is the last reasoning's first token, the
+    first round proposes the rest of the last reasoning as one chain: accepted whole, the reasoning takes one verify
+    pass and the block drafter never runs (its ``begin``, a projection of the whole prompt, is deferred). From the
+    first mismatch on, or when the reasoning goes on past the last one, ``fallback`` takes over, begun then with the
+    tick's prompt states and told the reuse round's result, so it reads the same states it would have read had it
+    run from the start. Greedy verification keeps the reasoning the VLA's own; only the number of passes changes.
+    Batch 1 (the engine's); a batch goes to ``fallback`` whole.
+
+    Example:
+        >>> from mmspec.drafters import PromptLookupDrafter
+        >>> d = ReasoningReuseDrafter(PromptLookupDrafter())
+        >>> d.previous = [5, 6, 7, 8]
+        >>> ctx = DraftContext(sequences=[np.array([1, 2, 5])], rows=[0], remaining=[8], prompt_lengths=[2])
+        >>> d.begin(ctx); d.propose(ctx)[0].tokens.tolist()
+        [6, 7, 8]
+    """
+
+    kind = "reuse"
+
+    def __init__(self, fallback):
+        if not isinstance(fallback, Drafter):
+            raise InvalidInputError(f"the reuse drafter falls back on a Drafter (got {type(fallback).__name__})")
+        self.fallback = fallback
+        self.previous: list = []  # the last finished reasoning (generated tokens)
+        self._counts: dict = {}
+        self._begin_ctx = self._pending = None
+        self._delegating = True
+
+    @property
+    def hidden_layers(self) -> tuple:
+        return tuple(self.fallback.hidden_layers)
+
+    @property
+    def num_draft_tokens(self):
+        return getattr(self.fallback, "num_draft_tokens", "?")
+
+    def bind(self, model) -> None:
+        self.fallback.bind(model)
+
+    def begin(self, ctx: DraftContext) -> None:
+        self._counts = {"reuse_rounds": 0, "reuse_tokens": 0, "fallback_starts": 0}
+        self._begin_ctx, self._pending, self._delegating = ctx, None, False
+        if len(ctx.rows) != 1 or not self.previous:
+            self._start_fallback()
+
+    def _start_fallback(self) -> None:
+        self._delegating = True
+        self._counts["fallback_starts"] += 1
+        self.fallback.begin(self._begin_ctx)
+        if self._pending is not None:  # the reuse round's states and result, as the fallback would have seen them
+            self.fallback.observe(*self._pending)
+        self._begin_ctx = self._pending = None
+
+    def propose(self, ctx: DraftContext) -> list:
+        if not self._delegating:
+            done = [int(t) for t in ctx.sequences[0][ctx.prompt_lengths[0]:]]
+            prev = self.previous
+            if self._pending is None and len(done) < len(prev) and done == prev[: len(done)]:
+                self._counts["reuse_rounds"] += 1
+                return [DraftTree.from_chain(prev[len(done):])]
+            self._start_fallback()
+        return self.fallback.propose(ctx)
+
+    def observe(self, ctx, result) -> None:
+        if result.finished and result.finished[0] and len(ctx.rows) == 1:
+            self.previous = [int(t) for t in ctx.sequences[0][ctx.prompt_lengths[0]:]] + list(result.committed[0])
+        if self._delegating:
+            self.fallback.observe(ctx, result)
+        else:
+            self._counts["reuse_tokens"] += len(result.paths[0])
+            self._pending = (ctx, result)
+
+    def counters(self) -> dict:
+        return {**self._counts, **self.fallback.counters()}
+
+    def forget(self) -> None:
+        self.previous = []
+        self.fallback.forget()
+
+
 def _frame_key(img) -> str:
     a = np.asarray(img)
     return hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest() + f"{a.shape}"
@@ -318,7 +406,10 @@ class FlashDriveEngine:
                 raise
             return None, "off (the bundled drafter was trained for another VLA)"
         drafter.bind(self.backbone)
-        return drafter, f"{drafter.kind}, block of {getattr(drafter, 'num_draft_tokens', '?')} drafts"
+        note = f"{drafter.kind}, block of {getattr(drafter, 'num_draft_tokens', '?')} drafts"
+        if config.reuse_reasoning:
+            drafter, note = ReasoningReuseDrafter(drafter), note + ", last tick's reasoning first"
+        return drafter, note
 
     # ------------------------------------------------------------------ helpers
     def _sync(self):
@@ -626,6 +717,9 @@ class FlashDriveEngine:
             model_inputs=model_inputs, keep_state=True)
         self.stats["spec_rounds"] += stats.rounds
         self.stats["spec_tokens"] += len(new) - 1
+        if stats.rounds:  # the drafter began (a run that stops at its first token makes no round)
+            for k, v in self.drafter.counters().items():
+                self.stats[k] = self.stats.get(k, 0) + v
         return new, stats.rounds
 
     SPEC_EXACT_NOTE = ("speculative reasoning is exact in fp32 (token for token the VLA's greedy reasoning); in "

@@ -141,6 +141,14 @@ def _glance(vla, layer_ids=(1, 2), **kw):
 
 
 SPEC = {"stream": False, "step_cache": None, "spec": True}
+ORACLE = {**SPEC, "reuse_reasoning": False}  # oracle tests count the drafter's own rounds
+
+
+def _varied(vla):
+    """``vla`` with a random untied language head: an untrained tiny VLA otherwise repeats one token."""
+    bb = vla.backbone
+    bb.lm_head.weight = torch.nn.Parameter(torch.randn(bb.lm_head.weight.shape, generator=torch.Generator().manual_seed(0)))
+    return vla
 
 
 @pytest.mark.parametrize("branch_k", [1, 3])
@@ -175,9 +183,8 @@ def test_speculative_reasoning_commits_blocks_and_stops_inside_one():
     from mmspec.drafters.oracle import NoisyOracleDrafter
     from mmspec.drivers.world import render_frame, scenario_for, simulate
 
-    vla = _tiny(2)
+    vla = _varied(_tiny(2))
     bb = vla.backbone
-    bb.lm_head.weight = torch.nn.Parameter(torch.randn(bb.lm_head.weight.shape, generator=torch.Generator().manual_seed(0)))
     sim = simulate(scenario_for("test", 1, 0, "lead_brake"), 2.3)
     world = (sim, {("front", k): render_frame(sim, k, "front") for k in range(17, 21)})
     plain = _pipe(vla)
@@ -194,7 +201,7 @@ def test_speculative_reasoning_commits_blocks_and_stops_inside_one():
             bb.generation_config.eos_token_id = free[stop_at]
             ref = _step(plain, world, 20)
             assert ref["tokens"] == free[: stop_at + 1]
-            spec = _pipe(vla, {**SPEC, "drafter": oracle})
+            spec = _pipe(vla, {**ORACLE, "drafter": oracle})
             spec.max_reasoning_tokens = spec.engine.max_reasoning_tokens = 14
             for p, extra in ((0.0, 0), (0.4, 2)):
                 oracle.reference, oracle.corrupt_p, oracle.extra_branches = [free + [7] * 6], p, extra
@@ -205,6 +212,35 @@ def test_speculative_reasoning_commits_blocks_and_stops_inside_one():
                     assert got["spec_rounds"] == -(-stop_at // 7)  # 6 drafts + 1 bonus per pass
     finally:
         bb.generation_config.eos_token_id = None
+
+
+def test_reasoning_reuse_drafts_the_last_ticks_reasoning_and_falls_back_exactly():
+    """At 10 Hz consecutive ticks mostly reason alike: the first round drafts the rest of the last tick's reasoning (one
+    pass when it holds); from a mismatch the block drafter takes over, begun late with the tick's prompt states and the
+    reuse round's result. Every tick's reasoning and trajectory equal plain generate's."""
+    from mmspec.drivers.world import render_frame, scenario_for, simulate
+
+    vla = _varied(_tiny(2))
+    sim = simulate(scenario_for("test", 1, 0, "lead_brake"), 2.4)
+    world = (sim, {("front", k): render_frame(sim, k, "front") for k in range(17, 22)})
+    plain = _pipe(vla)
+    spec = _pipe(vla, {**SPEC, "drafter": _glance(vla)})
+    assert "last tick's reasoning" in spec.engine.describe()
+    plain.max_reasoning_tokens = spec.max_reasoning_tokens = spec.engine.max_reasoning_tokens = 14
+    stats = spec.engine.stats
+    for k in (20, 21):
+        ref, got = _step(plain, world, k), _step(spec, world, k)
+        assert got["tokens"] == ref["tokens"] and np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
+    assert ref["tokens"] == spec.engine.drafter.previous and len(ref["tokens"]) == 14  # the two ticks reason alike
+    assert got["spec_rounds"] == 1 and stats["reuse_rounds"] == 1 and stats["fallback_starts"] == 1  # tick 20's
+    wrong = list(ref["tokens"])
+    wrong[4] = (wrong[4] + 1) % 300  # same start, a mismatch at the fifth token
+    spec.engine.drafter.previous = wrong
+    got = _step(spec, world, 21)
+    assert got["tokens"] == ref["tokens"] and np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
+    assert got["spec_rounds"] >= 2 and stats["reuse_rounds"] == 2 and stats["fallback_starts"] == 2
+    off = _pipe(vla, {**SPEC, "drafter": _glance(vla), "reuse_reasoning": False})
+    assert "last tick" not in off.engine.describe()
 
 
 def test_streaming_mask_under_eager_attention_is_additive():
@@ -248,7 +284,7 @@ def test_speculative_reasoning_accepts_and_stops_inside_a_block(bundled):
 
     plain = DrivingPipeline(bundled)
     oracle = NoisyOracleDrafter([[0]], depth=6, corrupt_p=0.0, vocab_size=bundled.backbone.config.text_config.vocab_size)
-    spec = DrivingPipeline(bundled, flashdrive={**SPEC, "drafter": oracle})
+    spec = DrivingPipeline(bundled, flashdrive={**ORACLE, "drafter": oracle})
     examples = get_workload("driving").examples("test", 2)
     inside = 0
     for i, ex in enumerate(examples):
@@ -304,7 +340,7 @@ def test_streaming_speculative_reasoning_reads_the_prompt_in_prompt_order(one_la
             super().begin(ctx)
 
     d = Recorder.from_target(one_layer.backbone, layer_ids=(0, 1), block_size=4, seed=0)
-    both = {**STREAM, "spec": True, "drafter": d}
+    both = {**STREAM, "spec": True, "drafter": d, "reuse_reasoning": False}  # the head begins every tick
     spec, stream = _pipe(one_layer, both, cams), _pipe(one_layer, STREAM, cams)
     fresh = _pipe(one_layer, {**both, "stream": False}, cams)
     for k in (20, 21):
