@@ -1,0 +1,63 @@
+"""Step-cache variants at equal noise: reuse the last velocity vs extrapolate it linearly from the last two (drift to 10 uniform Euler steps). Usage: python extrap.py N_ITEMS"""
+import sys, time, numpy as np, torch
+import os, tempfile
+torch.set_num_threads(1)
+from mmspec.drivers import DrivingPipeline
+from mmspec.drivers.train_vla import DrivingVLA, bundled_vla
+from mmspec.drivers.vla import StepCache, integrate_actions, time_embedding, expert_attention_mask
+from mmspec.workloads import get_workload
+vla = DrivingVLA.from_pretrained(bundled_vla(), dtype=torch.float32).eval()
+ex_ = vla.expert
+def sample(cache, start, valid, gen, sc=None, extrap=False, num_steps=None):
+    steps = num_steps or ex_.num_steps
+    B, N = 1, ex_.horizon
+    x = torch.randn(B, N, 2, generator=gen)
+    pos = (start[:, None] + torch.arange(N)[None]).long()
+    fixed = dict(positions=pos[None].expand(3, B, N), mask=expert_attention_mask(valid, N, "sdpa", torch.float32))
+    plan = sc.planner(steps) if sc else None
+    hist, calls, v = [], 0, None
+    for i in range(steps):
+        t = torch.full((B,), i / steps)
+        if plan is None or plan.compute(i):
+            v = ex_.velocity(x, t, cache, start, valid, t_emb=time_embedding(t, ex_.hidden_size), **fixed)
+            calls += 1
+            hist.append((i, v))
+            if plan is not None: plan.observe(i, v)
+            use = v
+        else:
+            (i1, v1) = hist[-1]
+            if extrap and len(hist) > 1:
+                (i0, v0) = hist[-2]
+                use = v1 + (i - i1) * (v1 - v0) / (i1 - i0)
+            else:
+                use = v1
+        x = x + use / steps
+    return x * ex_.action_scale + ex_.action_mean, calls
+pipe = DrivingPipeline(vla, flashdrive="system")
+variants = [("uniform 10", {})]
+for t in (0.1, 0.2, 0.3, 0.5):
+    variants += [(f"adaptive {t} reuse", dict(sc=StepCache("adaptive", t))), (f"adaptive {t} extrap", dict(sc=StepCache("adaptive", t), extrap=True))]
+for ms in (3, 4):
+    for t in (0.2, 0.3, 0.5):
+        variants += [(f"adaptive {t} extrap maxskip{ms}", dict(sc=StepCache("adaptive", t, max_skip=ms), extrap=True))]
+variants += [("fixed 3456 reuse", dict(sc=StepCache("fixed"))), ("fixed 3456 extrap", dict(sc=StepCache("fixed"), extrap=True))]
+variants += [("fixed 2345678? no", dict(sc=StepCache("fixed", cache_steps=(3, 5, 7, 8)), extrap=True))]
+variants += [(f"uniform {n}", dict(num_steps=n)) for n in (7, 6, 5, 4)]
+acc = {n: {"calls": [], "drift": [], "ade": []} for n, _ in variants}
+exs = get_workload("driving").examples("test", int(sys.argv[1]))
+for i, ex in enumerate(exs):
+    pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=i)
+    cache, start, valid = pipe.engine.last_context
+    ref = None
+    with torch.no_grad():
+        for name, kw in variants:
+            a, c = sample(cache, start, valid, torch.Generator().manual_seed(i), **kw)
+            traj = integrate_actions(a.float().numpy(), [ex.meta["speed"]])[0]
+            ref = traj if ref is None else ref
+            acc[name]["calls"].append(c)
+            acc[name]["drift"].append(float(np.linalg.norm(traj - ref, axis=-1).mean()))
+            acc[name]["ade"].append(float(np.linalg.norm(traj - ex.meta["future"], axis=-1).mean()))
+    print(i, flush=True, file=sys.stderr)
+for name, _ in variants:
+    d = acc[name]
+    print(f"{name:34s} calls {np.mean(d['calls']):.2f} drift {np.mean(d['drift']):.3f} (median {np.median(d['drift']):.3f}) ade {np.mean(d['ade']):.3f}")
