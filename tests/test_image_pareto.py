@@ -50,25 +50,28 @@ def test_rows_tolerance_front_and_bars():
     assert "fails (no lossless system" in table(pareto_rows([RECORDS[0], RECORDS[4]]))
 
 
-def test_table_and_command(tmp_path, capsys):
+def _bench_json(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"results": RECORDS, "meta": {"date": "2026-12-02", "device": "cpu"}}))
-    md, png = tmp_path / "t.md", tmp_path / "p.png"
-    args = [str(path), "--md", str(md)]
-    try:
-        import matplotlib  # noqa: F401
+    return path
 
-        args += ["--png", str(png)]
-    except ImportError:
-        png = None
-    assert main(args) == 0
+
+def test_table_and_command(tmp_path, capsys):
+    path, md = _bench_json(tmp_path), tmp_path / "t.md"
+    assert main([str(path), "--md", str(md)]) == 0
     text = md.read_text()
     assert text.strip() == capsys.readouterr().out.strip()
     assert "| `edge` | no | 100 | 5.12x | 3.60x |" in text and "Lossless bar (>= 1.8x): holds (spatial: 3.00x)" in text
-    if png is not None:
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "batch size 4" not in text and main([str(path), "--batch-size", "4"]) == 0
     with pytest.raises(InvalidInputError, match="no images records"):
         pareto_rows([], None)
     with pytest.raises(InvalidInputError, match="cannot read"):
         main([str(tmp_path / "missing.json")])
+
+
+@pytest.mark.slow  # importing matplotlib and drawing take a few seconds here
+def test_pareto_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    assert main([str(_bench_json(tmp_path)), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -121,7 +121,7 @@ def test_ssd_correction_against_written_out_reference():
     p = [torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.6, 0.1, 0.2, 0.1]), torch.tensor([0.25, 0.25, 0.4, 0.1])]
     q = [torch.tensor([0.25] * 4), torch.tensor([0.1, 0.7, 0.1, 0.1]), torch.tensor([0.0, 0.5, 0.0, 0.5])]
     scores = torch.log(torch.stack(p + [torch.full((4,), 0.25)]))
-    n = 2000
+    n = 1500
     for drafts, probs in (([1, 1, 3], torch.stack(q)), ([3, 0, 2], None)):  # sampled, then deterministic drafts
         tree = DraftTree.from_chain(drafts, probs)
         rule, g = SpatialCorrectRule(), torch.Generator().manual_seed(0)
