@@ -25,6 +25,9 @@ systems run, the noise floor of each figure: an untimed second AR run per guidan
 ``fid_noise_floor`` = |FID(AR, seeds A) - FID(AR, seeds B)|, ``prompt_accuracy_noise`` and ``code_nll_noise``
 likewise (a difference from AR below these is noise).
 
+The speed / quality table, tolerances, bars and Pareto plot of a run's JSON: ``python -m mmspec.image_ar pareto
+BENCH.json --png PLOT.png --md TABLE.md`` (:mod:`mmspec.image_ar.pareto`).
+
 Example:
     >>> parse_image_system("sjd;draft_len=8;rule=lantern++:lambda=2;cfg_scale=1.5")
     {'name': 'sjd;draft_len=8;rule=lantern++:lambda=2;cfg_scale=1.5', 'drafter': 'sjd;draft_len=8', 'rule': 'lantern++;lambda=2', 'cfg_scale': 1.5}
