@@ -67,7 +67,8 @@ def pareto_rows(results: list, batch_size: int | None = None) -> list[dict]:
                      "target_forwards": fwd, "forwards_ratio": (ar["target_forwards"] / fwd) if fwd else None,
                      "speedup_vs_ar": r["speedup_vs_ar"], "tau": r.get("tau"), "fid": q.get("fid"),
                      "fid_n": q.get("fid_n"), "fid_noise_floor": qa.get("fid_noise_floor"), "fid_tolerance": fid_tol,
-                     "prompt_accuracy": q.get("prompt_accuracy"), "prompt_accuracy_noise": qa.get("prompt_accuracy_noise"),
+                     "prompt_accuracy": q.get("prompt_accuracy"),
+                     "prompt_accuracy_noise": qa.get("prompt_accuracy_noise"),
                      "accuracy_tolerance": acc_tol, "code_nll": q.get("code_nll"),
                      "within_tolerance": bool(fid_ok and acc_ok)})
     for row in rows:  # dominated: another row at least as fast with an FID at least as low, one of them strictly
@@ -144,7 +145,8 @@ def save_png(rows: list, path: str, title: str = "") -> None:
                 continue
             ax.scatter([r["speedup_vs_ar"]], [r[key]], color=f"C{i}", marker="o" if r["lossless"] else "X", s=60,
                        label=f"{r['system']}{'' if r['lossless'] else ' (lossy)'}")
-            ax.annotate(r["system"], (r["speedup_vs_ar"], r[key]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(r["system"], (r["speedup_vs_ar"], r[key]), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
         ax.set_xlabel("wall speedup vs AR (x)")
         ax.grid(alpha=0.3)
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["speedup_vs_ar"])
@@ -183,5 +185,6 @@ def main(argv=None) -> int:
             f.write(text + "\n")
     if args.png:
         meta = report.get("meta", {})
-        save_png(rows, args.png, f"image systems, one bench run ({meta.get('date', '')[:10]}, {meta.get('device', '')})")
+        save_png(rows, args.png,
+                 f"image systems, one bench run ({meta.get('date', '')[:10]}, {meta.get('device', '')})")
     return 0

@@ -113,7 +113,7 @@ def _correct_law(p: list, q: list | None, x: int) -> dict:
 
 def test_ssd_correction_against_written_out_reference():
     """SpatialCorrectRule.correct on hand-built distributions: node j is tested against scores[j] on its own, by the
-    written-out law (sampled and deterministic drafts), greedy takes the argmax, and the walk's hooks are what decide."""
+    written-out law (sampled and deterministic drafts), greedy takes the argmax, and the walk's hooks decide."""
     from mmspec.acceptance import SpeculativeSamplingRule
     from mmspec.image_ar.ssd import SpatialCorrectRule
     from mmspec.tree import DraftTree
