@@ -160,6 +160,23 @@ def test_verify_and_correct_with_enough_rounds_is_ar(small):
     assert c["corrected"] == 0 and c["committed_whole"] > 0 and not torch.equal(codes, ar)
 
 
+@pytest.mark.slow
+def test_verify_and_correct_with_enough_rounds_keeps_the_law(tiny):
+    """Sampling, rounds >= draft_len - 1: every corrected position goes through the sequential test again with the law
+    it was drawn from as q (nothing is committed whole), so the codes follow the target's law; a wrong carried q would
+    show here."""
+    law = exact_law(tiny, 1.0, 1.0, None)
+    batch = 2048
+    ids = torch.tensor([PROMPT] * batch)
+    d = SpatialDrafter.from_target(tiny, grid=2, k_h=1, k_v=1, draft_len=3, rounds=2, seed=0)
+    codes, stats = speculative_codes(tiny, ids, torch.ones_like(ids), _Tok(), N_CODES, d,
+                                     generator=torch.Generator().manual_seed(7))
+    c = stats.drafter_counters
+    assert not stats.lossless and c["committed_whole"] == 0 and c["corrected"] > 0, c
+    pval = chisq_pvalue(Counter(tuple(r) for r in codes.tolist()), law, batch)
+    assert pval > ALPHA, f"verify-and-correct with enough rounds left the target's law (p={pval:.2e})"
+
+
 def test_ssd_correct_follows_the_greedy_mode(small):
     """rule="ssd_correct" in a greedy run walks greedily (deterministic, the same codes as the drafter's own rule);
     a rule built for the other mode is refused, by speculative_codes and, through mmspec.generate, by the rule."""
