@@ -53,17 +53,19 @@ def test_aux_targets_mark_the_drawn_characters(examples):
 
 def test_training_runs_resumes_and_evaluates(tmp_path):
     cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=3, stop_after=2, batch_size=2, save_every=1,
-                            tokenizer_texts=100, vocab_size=400, warmup=1, track_weight=0.5)
+                            tokenizer_texts=100, vocab_size=400, warmup=1, track_weight=0.5, spell_weight=0.5)
     train_target(cfg, progress=False)
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
     assert all(r["lm_loss"] > 0 and r["aux_loss"] > 0 and r["read_loss"] > 0 and r["locate_loss"] > 0
-               and r["track_loss"] > 0 for r in log)
+               and r["track_loss"] > 0 and r["spell_loss"] > 0 for r in log)
+    speller = torch.load(tmp_path / "state.pt", weights_only=True)["speller"]["proj.weight"].clone()
     cfg.stop_after = 0
     train_target(cfg, progress=False)  # resumes at step 2, same schedule
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3]
-    assert torch.load(tmp_path / "state.pt", weights_only=True)["step"] == 3
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert state["step"] == 3 and not torch.equal(state["speller"]["proj.weight"], speller)  # resumed and trained
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path)
@@ -409,3 +411,22 @@ def test_vision_only_training_changes_the_tower_alone(tmp_path):
     assert changed and all(".visual." in k or k.startswith("visual.") for k in changed), sorted(changed)[:5]
     with pytest.raises(Exception, match="aux_weight"):
         train_target(TargetTrainConfig(out=str(tmp_path / "x"), vision_only=True, aux_weight=0.0), progress=False)
+
+
+def test_spelling_table_spells_every_printable_token(tiny):
+    from mmspec.vision.testbed import SPELL, spelling_table
+
+    _, proc = tiny
+    tok = proc.tokenizer
+    table = spelling_table(tok)
+    assert table.shape == (len(tok), SPELL)
+    for v in range(len(tok)):
+        text = tok.decode([v])
+        spelled = "".join(CHARSET[i - 1] for i in table[v].tolist() if i)
+        printable = ""
+        for ch in text[:SPELL]:
+            if ch not in CHARSET:
+                break
+            printable += ch
+        assert spelled == printable
+        assert (table[v, len(spelled):] == 0).all()

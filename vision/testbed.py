@@ -33,8 +33,8 @@ from mmspec.train import add_config_arguments, trim_log
 from mmspec.workloads import get_workload
 
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
-           "patch_reading_loss", "reading_targets", "train_target", "evaluate", "grounding", "reference_ids",
-           "reference_tau", "export_target", "bundled_target", "bundled_eagle", "PatchReader", "CHARSET",
+           "patch_reading_loss", "reading_targets", "ordered_targets", "spelling_table", "train_target", "evaluate",
+           "grounding", "reference_ids", "reference_tau", "export_target", "bundled_target", "bundled_eagle", "PatchReader", "CHARSET",
            "self_feed_inputs"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -289,6 +289,9 @@ class TargetTrainConfig:
     ``vision_only``: train the vision tower (and its merger) on the patch reader's loss alone, the text model
     frozen and never run: many cheap steps that teach the tower to read before the text model learns to copy.
     ``read_slots``: characters per vision token the ``"ordered"`` reader writes (0: ``4 * merge``).
+    ``spell_weight``: a linear probe on the output of the last reading layer must spell the next answer token
+    (its first :data:`SPELL` characters, see :func:`spelling_table`): the text model has to carry the characters
+    it read off the image into its own states, which a prior-fed model never does on scrambled text.
     """
 
     out: str = "testbed-target"
@@ -310,6 +313,7 @@ class TargetTrainConfig:
     docs_fraction: float = 0.5
     vision_only: bool = False
     read_slots: int = 0
+    spell_weight: float = 0.0
     save_every: int = 250
     seed: int = 0
     threads: int = 0
@@ -403,6 +407,51 @@ class _Locator(torch.nn.Module):
         return torch.stack(out).mean()
 
 
+SPELL = 4
+
+
+def spelling_table(tokenizer, width: int = SPELL) -> torch.Tensor:
+    """``[vocab, width]`` class ids spelling each token: ``CHARSET`` index + 1 per character, ``0`` after its end
+    (and from the first character outside ``CHARSET``, e.g. a newline).
+
+    Example:
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> from mmspec.demo import train_tokenizer
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(["the cat sat"] * 20, 300))
+        >>> cat = tok("the cat", add_special_tokens=False)["input_ids"][-1]
+        >>> "".join(CHARSET[i - 1] for i in spelling_table(tok)[cat] if i)
+        'cat'
+    """
+    out = torch.zeros(len(tokenizer), width, dtype=torch.long)
+    for v in range(len(tokenizer)):
+        for j, ch in enumerate(tokenizer.decode([v])[:width]):
+            if ch not in _CHAR_INDEX:
+                break
+            out[v, j] = _CHAR_INDEX[ch] + 1
+    return out
+
+
+class _Speller(torch.nn.Module):
+    """Spells the next answer token from a text layer's state (training only; see ``spell_weight``)."""
+
+    def __init__(self, hidden: int, width: int = SPELL):
+        super().__init__()
+        self.width = width
+        self.proj = torch.nn.Linear(hidden, width * (len(CHARSET) + 1))
+
+    def loss(self, h, labels, table) -> tuple:
+        nxt = labels[:, 1:]
+        ok = nxt != -100
+        target = table[nxt.clamp(min=0)]
+        ok &= target[..., 0] > 0  # the end token and tokens spelled by no printable character teach nothing
+        if not ok.any():
+            return h.sum() * 0, 0.0
+        logits = self.proj(h[:, :-1][ok]).view(-1, self.width, len(CHARSET) + 1)
+        y = target[ok]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        return loss, (logits.argmax(-1) == y).all(-1).float().mean().item()
+
+
 def self_feed_inputs(input_ids, labels, predicted, share: float, generator=None) -> tuple:
     """``input_ids`` with a random ``share`` of the answer tokens replaced by the model's own predictions.
 
@@ -484,6 +533,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     start = 0
     locator = _Locator(model.config.text_config.hidden_size, merge)
     loc_opt = torch.optim.AdamW(locator.parameters(), lr=cfg.lr)
+    speller = _Speller(model.config.text_config.hidden_size)
+    spell_opt = torch.optim.AdamW(speller.parameters(), lr=cfg.lr)
     if resume:
         saved = torch.load(state_path, weights_only=True)
         opt.load_state_dict(saved["optimizer"])
@@ -491,6 +542,9 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         if "locator" in saved:
             locator.load_state_dict(saved["locator"])
             loc_opt.load_state_dict(saved["locator_optimizer"])
+        if "speller" in saved:
+            speller.load_state_dict(saved["speller"])
+            spell_opt.load_state_dict(saved["speller_optimizer"])
         start = int(saved["step"])
     elif cfg.init:
         # A reader trained with the tower keeps the tower's features meaningful from the first step; one
@@ -504,6 +558,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             saved = torch.load(os.path.join(cfg.init, "state.pt"), weights_only=True)
         if "locator" in saved:  # whatever the reader; its optimizer state stays behind: a new run gets a fresh one
             locator.load_state_dict(saved["locator"])
+        if "speller" in saved:
+            speller.load_state_dict(saved["speller"])
         # A remerged target keeps no reader (its tokens cover other patches); an ordered reader's slots must match.
         if "reader" in saved and init_loss == cfg.aux_loss and saved["reader"]["proj.weight"].shape == \
                 reader.proj.weight.shape:
@@ -518,6 +574,11 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     read_layers = [] if cfg.vision_only else _read_layers(cfg, model.config.text_config.num_hidden_layers)
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     locate_weight = 0.0 if cfg.vision_only else cfg.locate_weight
+    spell_weight = 0.0 if cfg.vision_only or not read_layers else cfg.spell_weight
+    if spell_weight:
+        spell_table = spelling_table(processor.tokenizer)
+        hooks.append(model.model.language_model.layers[max(read_layers)].register_forward_hook(
+            lambda m, a, out: captured.__setitem__("spell", out[0] if isinstance(out, tuple) else out)))
     if locate_weight:
         hooks.append(model.model.language_model.layers[0].register_forward_hook(
             lambda m, a, out: captured.__setitem__("layer0", out[0] if isinstance(out, tuple) else out)))
@@ -581,24 +642,31 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             layer0 = captured["layer0"].detach() if warm and locate_weight else captured.get("layer0")
             locate = locator.loss(layer0, batch, image_id) if locate_weight else torch.zeros(())
             loss = loss + locate_weight * locate
+            spell, spell_acc = (speller.loss(captured["spell"], batch["labels"], spell_table) if spell_weight
+                                else (torch.zeros(()), 0.0))
+            loss = loss + spell_weight * spell
             opt.zero_grad(set_to_none=True)
             loc_opt.zero_grad(set_to_none=True)
+            spell_opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             loc_opt.step()
+            if spell_weight:
+                spell_opt.step()
             sched.step()
             rec = {"step": step + 1, "lm_loss": round(lm_loss.item(), 4), "aux_loss": round(aux.item(), 4),
                    "aux_acc": round(aux_acc, 4),
                    "read_loss": round(read.item(), 4), "track_loss": round(track.item(), 4),
                    "locate_loss": round(locate.item(), 4), "self_fed": round(fed, 4),
+                   "spell_loss": round(spell.item(), 4), "spell_acc": round(spell_acc, 4),
                    "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
             bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], acc=rec["aux_acc"], read=rec["read_loss"],
                             track=rec["track_loss"], loc=rec["locate_loss"])
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             if (step + 1) % cfg.save_every == 0 or step + 1 == end:
-                _save(model, processor, reader, opt, step + 1, cfg, locator, loc_opt)
+                _save(model, processor, reader, opt, step + 1, cfg, locator, loc_opt, speller, spell_opt)
     finally:
         for h in hooks:
             h.remove()
@@ -607,7 +675,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     return cfg.out
 
 
-def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig, locator, loc_opt) -> None:
+def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig, locator, loc_opt, speller=None,
+          spell_opt=None) -> None:
     """Checkpoint atomically enough for a killed job: weights first, then the step that points at them."""
     training_impl = model.config.text_config._attn_implementation
     model.set_attn_implementation({"text_config": "sdpa"})
@@ -615,8 +684,11 @@ def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig, loca
     model.set_attn_implementation({"text_config": training_impl})
     processor.save_pretrained(cfg.out)
     tmp = os.path.join(cfg.out, "state.pt.tmp")
-    torch.save({"optimizer": opt.state_dict(), "reader": reader.state_dict(), "step": step,
-                "locator": locator.state_dict(), "locator_optimizer": loc_opt.state_dict()}, tmp)
+    state = {"optimizer": opt.state_dict(), "reader": reader.state_dict(), "step": step,
+             "locator": locator.state_dict(), "locator_optimizer": loc_opt.state_dict()}
+    if cfg.spell_weight and speller is not None:
+        state.update(speller=speller.state_dict(), speller_optimizer=spell_opt.state_dict())
+    torch.save(state, tmp)
     os.replace(tmp, os.path.join(cfg.out, "state.pt"))
     with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
         json.dump(asdict(cfg), f, indent=2)
