@@ -102,3 +102,22 @@ python -m mmspec.vision.testbed train --out "${pair#*:}" --init "${pair%%:*}" --
     --track-weight 0.5 --probe-warmup 0 --self-feed 0 --docs-fraction 1.0 --save-every 50 --threads 1 \
     --workload-options "$LINES_SCR"
 done
+
+
+# Tower vs text model (issue 14, 2026-12-02): teach the tower to read alone (text model frozen), probe it, then the
+# lines test from it, with and without the speller; and the long reading curriculum (read3).
+python -m mmspec.vision.testbed train --out "$W/vo-m2" --init "$W/faithful-stage2" --steps 2000 --stop-after 500 \
+    --warmup 50 --batch-size 8 --lr 3e-4 --aux-loss ordered --vision-only --aux-weight 1 --read-weight 0 \
+    --track-weight 0 --locate-weight 0 --probe-warmup 50 --docs-fraction 0.8 --save-every 100 --threads 1 \
+    --workload-options '{"docs": {"mode": "mix", "block_fraction": 0.3, "line_fraction": 0.1, "scrambled_fraction": 0.5}, "charts": {}}'
+python vision/assets/probes/tower_read.py "$W/vo-m2" 8
+python -m mmspec.vision.testbed train --out "$W/spell-b" --init "$W/vo-m2" --size small --steps 400 --stop-after 100 \
+    --warmup 20 --batch-size 16 --lr 3e-4 --aux-weight 0.25 --aux-loss ordered --read-weight 0.5 --spell-weight 1.0 \
+    --read-layers 2,3 --locate-weight 0.1 --track-weight 0.5 --probe-warmup 0 --self-feed 0 --docs-fraction 1.0 \
+    --save-every 50 --threads 1 --workload-options '{"docs": {"mode": "line", "scrambled_fraction": 0.5}, "charts": {}}'
+python vision/assets/probes/tf_scrambled.py "$W/spell-b" 16 0,1 line,block
+python -m mmspec.vision.testbed train --out "$W/read3" --init "$W/spell-b" --size small --steps 3000 --warmup 30 \
+    --batch-size 12 --lr 3e-4 --aux-weight 0.25 --aux-loss ordered --read-weight 0.5 --read-layers 2,3 \
+    --locate-weight 0.1 --track-weight 0.5 --spell-weight 1.0 --probe-warmup 0 --self-feed 0 --docs-fraction 0.9 \
+    --save-every 100 --threads 1 \
+    --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.6, "block_fraction": 0.3, "scrambled_fraction": 0.5}, "charts": {}}'

@@ -1,5 +1,5 @@
 # Teacher-forced accuracy and reading-attention hit rate by docs kind (line / block / page), 16 items each.
-# Usage: python vision/assets/probes/reading_head.py [MODEL_DIR or "" for the bundled target]
+# Usage: python vision/assets/probes/reading_head.py [MODEL_DIR or "" for the bundled target] [SCRAMBLED_SHARE] [MODES]
 import sys, torch, json
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
@@ -12,8 +12,9 @@ proc = AutoProcessor.from_pretrained(path)
 cap = {}
 for li in (2, 3):
   model.model.language_model.layers[li].self_attn.register_forward_hook(lambda m, a, o, li=li: cap.__setitem__(li, o[1]))
-for mode in ("line", "block", "page"):
-  wl = get_workload("docs", mode=mode, char_boxes=True)
+SCR = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+for mode in (sys.argv[3] if len(sys.argv) > 3 else "line,block,page").split(","):
+  wl = get_workload("docs", mode=mode, char_boxes=True, scrambled_fraction=SCR)
   acc = [0, 0]; hit = {2: [0, 0, 0], 3: [0, 0, 0]}; acc_att = [0, 0, 0, 0]
   for s in range(0, 16, 4):
     exs = wl.examples("test", 4, start=s)
