@@ -361,7 +361,8 @@ def decode_from_state(
         stats: the :class:`~mmspec.stats.SpecStats` the rounds add to (a new one if ``None``).
         keep_state: rows that stop in the last round stay in ``state`` (finished earlier ones still leave), with
             every token they kept but the last in the cache (tokens past a stop inside an accepted path are
-            removed): what a caller that reads the cache afterwards needs. ``False``: they leave, as in ``generate``.
+            removed) and the last one pending: what a caller that reads or extends the cache afterwards needs.
+            ``False``: they leave, as in ``generate``.
         generator, budget, record_entropy, on_tokens, streamer, max_time, t_start: as for :func:`generate`.
 
     Returns:
@@ -493,6 +494,7 @@ def decode_from_state(
                        keep_rows=keep if len(keep) < len(active) and not last else None)
         if last:  # the cache holds path + next token minus the pending one; a stop may have cut the path short
             adapter.truncate(state, [len(p) + 1 - len(c) for p, c in zip(paths, committed)])
+            state.pending = torch.tensor([c[-1] for c in committed], dtype=torch.long, device=state.pending.device)
         t4 = time.perf_counter()
         result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished, committed=committed,
                              scores=row_scores)

@@ -23,6 +23,7 @@ def test_rounds_from_a_prefilled_state_equal_generate_and_keep_the_cache(lm):
     from mmspec.decode import decode_from_state
     from mmspec.drafters.oracle import NoisyOracleDrafter
     from mmspec.target import TargetAdapter
+    from mmspec.tree import DraftTree
 
     ids = torch.tensor([[5, 9, 14, 3, 22, 7]])
     free = _free(lm, ids, 14)
@@ -47,6 +48,13 @@ def test_rounds_from_a_prefilled_state_equal_generate_and_keep_the_cache(lm):
                                                                       dtype=torch.long)})
             for a, b in zip(state.cache.layers, ref.cache.layers):
                 assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+            # The last kept token is pending (not the drafted token past the stop): a further pass goes on from it.
+            assert state.pending.tolist() == [want[-1]]
+            out, _ = adapter.score(state, [DraftTree.empty()])
+            _, next_logits, _ = adapter.prefill(torch.tensor([ids[0].tolist() + want]),
+                                                {"attention_mask": torch.ones(1, ids.shape[1] + len(want),
+                                                                              dtype=torch.long)})
+            assert torch.allclose(out.logits[0, 0], next_logits[0], atol=1e-4)
         else:
             assert state.valid.shape[0] == 0  # finished rows leave the batch, as in generate
 
