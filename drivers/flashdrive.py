@@ -303,7 +303,10 @@ class ReasoningReuseDrafter(Drafter):
             self._pending = (ctx, result)
 
     def counters(self) -> dict:
-        return {**self._counts, **self.fallback.counters()}
+        fallback = self.fallback.counters()
+        if not self._counts.get("fallback_starts"):  # not begun this call: its counters are an earlier call's
+            fallback = {k: 0 for k in fallback}
+        return {**self._counts, **fallback}
 
     def forget(self) -> None:
         self.previous = []

@@ -243,6 +243,36 @@ def test_reasoning_reuse_drafts_the_last_ticks_reasoning_and_falls_back_exactly(
     assert "last tick" not in off.engine.describe()
 
 
+def test_reasoning_reuse_counts_only_this_calls_fallback():
+    """Counters are the last call's (the Drafter contract): a call drafted from the last reasoning alone never began
+    the fallback, so the fallback's counts, left from an earlier call, are not reported again."""
+    from mmspec.drafters import PromptLookupDrafter
+    from mmspec.drafters.base import DraftContext
+    from mmspec.drivers.flashdrive import ReasoningReuseDrafter
+
+    class Counting(PromptLookupDrafter):
+        def begin(self, ctx):
+            super().begin(ctx)
+            self.proposals = 0
+
+        def propose(self, ctx):
+            self.proposals += 1
+            return super().propose(ctx)
+
+        def counters(self):
+            return {"proposals": self.proposals}
+
+    d = ReasoningReuseDrafter(Counting())
+    ctx = DraftContext(sequences=[np.array([1, 2, 5])], rows=[0], remaining=[8], prompt_lengths=[2])
+    d.begin(ctx)
+    d.propose(ctx)  # nothing to reuse: the fallback drafts
+    assert d.counters()["proposals"] == 1 and d.counters()["fallback_starts"] == 1
+    d.previous = [5, 6, 7, 8]
+    d.begin(ctx)
+    assert d.propose(ctx)[0].tokens.tolist() == [6, 7, 8]
+    assert d.counters() == {"reuse_rounds": 1, "reuse_tokens": 0, "fallback_starts": 0, "proposals": 0}
+
+
 def test_streaming_mask_under_eager_attention_is_additive():
     """``vla_losses(stream_mask=True)`` under eager attention: a bool mask added to the scores would mask nothing, so
     it is converted; the loss equals sdpa's under the same (bool) mask, and differs from the unmasked loss."""
