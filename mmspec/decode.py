@@ -382,7 +382,12 @@ def decode_from_state(
                           drafter=getattr(drafter, "kind", ""))
     eos_ids = set(eos_ids)
     device = scores.device
+    if scores.dim() != 2:
+        raise InvalidInputError(f"scores must be [batch, vocab] (the token after each prompt), got {tuple(scores.shape)}")
     batch, vocab = scores.shape
+    max_new = check_max_new_tokens(max_new)
+    if len(prompts) != batch:
+        raise InvalidInputError(f"{len(prompts)} prompts for {batch} rows of scores: one prompt per row")
     hidden = hidden or {}
     model_inputs = model_inputs or {}
     if processors is None:

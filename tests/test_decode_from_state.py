@@ -69,3 +69,18 @@ def test_a_first_token_that_stops_makes_no_round(lm):
     (got,), stats = decode_from_state(adapter, state, logits, prompts=[ids[0].tolist()], max_new=8,
                                       eos_ids={_free(lm, ids, 1)[0]}, keep_state=True)
     assert len(got) == 1 and stats.rounds == 0 and state.cache.get_seq_length() == ids.shape[1]
+
+
+def test_bad_arguments_raise_mmspec_errors(lm):
+    from mmspec.decode import decode_from_state
+    from mmspec.errors import InvalidInputError
+    from mmspec.target import TargetAdapter
+
+    ids = torch.tensor([[5, 9, 14, 3]])
+    adapter = TargetAdapter(lm)
+    state, logits, _ = adapter.prefill(ids, {"attention_mask": torch.ones_like(ids)})
+    for kw, match in (({"max_new": 0}, "max_new_tokens"), ({"prompts": [[5], [9]]}, "one prompt per row"),
+                      ({"scores": logits[0]}, r"\[batch, vocab\]")):
+        args = {"scores": logits, "prompts": [ids[0].tolist()], "max_new": 4, **kw}
+        with pytest.raises(InvalidInputError, match=match):
+            decode_from_state(adapter, state, args.pop("scores"), **args)
