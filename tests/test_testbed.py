@@ -53,12 +53,13 @@ def test_aux_targets_mark_the_drawn_characters(examples):
 
 def test_training_runs_resumes_and_evaluates(tmp_path):
     cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=3, stop_after=2, batch_size=2, save_every=1,
-                            tokenizer_texts=100, vocab_size=400, warmup=1, track_weight=0.5, spell_weight=0.5)
+                            tokenizer_texts=100, vocab_size=400, warmup=1, track_weight=0.5, spell_weight=0.5,
+                            relay_weight=0.5)
     train_target(cfg, progress=False)
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
     assert all(r["lm_loss"] > 0 and r["aux_loss"] > 0 and r["read_loss"] > 0 and r["locate_loss"] > 0
-               and r["track_loss"] > 0 and r["spell_loss"] > 0 for r in log)
+               and r["track_loss"] > 0 and r["spell_loss"] > 0 and r["relay_loss"] > 0 for r in log)
     speller = torch.load(tmp_path / "state.pt", weights_only=True)["speller"]["proj.weight"].clone()
     cfg.stop_after = 0
     train_target(cfg, progress=False)  # resumes at step 2, same schedule
@@ -66,6 +67,7 @@ def test_training_runs_resumes_and_evaluates(tmp_path):
     assert [r["step"] for r in log] == [1, 2, 3]
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     assert state["step"] == 3 and not torch.equal(state["speller"]["proj.weight"], speller)  # resumed and trained
+    assert "relay" in state and "relay_optimizer" in state
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path)
@@ -430,3 +432,31 @@ def test_spelling_table_spells_every_printable_token(tiny):
             printable += ch
         assert spelled == printable
         assert (table[v, len(spelled):] == 0).all()
+
+
+def test_relay_loss_spells_the_token_the_head_reads(tiny, examples):
+    """The relay targets are the ordered characters of the image token each reading position points at."""
+    from mmspec.vision.testbed import PatchReader, _relay_loss, ordered_targets
+
+    model, proc = tiny
+    ex = [e for e in examples if len(e.images) == 1][:2]
+    batch = make_batch(proc, ex)
+    where = reading_targets(proc, ex, batch)
+    image_id = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
+    b, q = [int(t[0]) for t in (where >= 0).nonzero(as_tuple=True)]
+    first = int((batch["input_ids"][b] == image_id).nonzero()[0, 0])
+    grid = tuple(batch["image_grid_thw"][b, 1:].tolist())
+    want = ordered_targets(ex[b], grid, MERGE, 8)[int(where[b, q]) - first]
+    assert (want > 0).any()
+    # A reader whose logits are exactly the one-hot of the wanted string for every position is right at (b, q).
+    reader = PatchReader(8, len(CHARSET) + 1, MERGE, cells=8)
+    heads = torch.zeros(*batch["input_ids"].shape, 16)
+    loss, acc = _relay_loss([reader], {("heads", 2): heads}, [2], where, batch, ex, image_id, MERGE, 8, 8)
+    assert loss > 0 and 0.0 <= acc <= 1.0
+    torch.nn.init.zeros_(reader.proj.weight)
+    with torch.no_grad():
+        reader.proj.bias.copy_(torch.nn.functional.one_hot(want, len(CHARSET) + 1).flatten().float() * 20)
+    only = torch.full_like(where, -1)
+    only[b, q] = where[b, q]
+    loss, acc = _relay_loss([reader], {("heads", 2): heads}, [2], only, batch, ex, image_id, MERGE, 8, 8)
+    assert acc == 1.0 and loss < 1e-3

@@ -292,6 +292,9 @@ class TargetTrainConfig:
     ``spell_weight``: a linear probe on the output of the last reading layer must spell the next answer token
     (its first :data:`SPELL` characters, see :func:`spelling_table`): the text model has to carry the characters
     it read off the image into its own states, which a prior-fed model never does on scrambled text.
+    ``relay_weight``: what head 0 of each reading layer passes on (its output before the output projection) must
+    name the characters of the vision token it is taught to look at, in order (an ``"ordered"`` reader per reading
+    layer): the head's values have to carry what the token shows, not only where it is.
     """
 
     out: str = "testbed-target"
@@ -314,6 +317,7 @@ class TargetTrainConfig:
     vision_only: bool = False
     read_slots: int = 0
     spell_weight: float = 0.0
+    relay_weight: float = 0.0
     save_every: int = 250
     seed: int = 0
     threads: int = 0
@@ -535,6 +539,12 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     loc_opt = torch.optim.AdamW(locator.parameters(), lr=cfg.lr)
     speller = _Speller(model.config.text_config.hidden_size)
     spell_opt = torch.optim.AdamW(speller.parameters(), lr=cfg.lr)
+    tc = model.config.text_config
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    relay_slots = cfg.read_slots or 4 * merge
+    relay = torch.nn.ModuleList([PatchReader(head_dim, len(CHARSET) + 1, merge, cells=relay_slots)
+                                 for _ in range(max(len(_read_layers(cfg, tc.num_hidden_layers)), 1))])
+    relay_opt = torch.optim.AdamW(relay.parameters(), lr=cfg.lr)
     if resume:
         saved = torch.load(state_path, weights_only=True)
         opt.load_state_dict(saved["optimizer"])
@@ -545,6 +555,9 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         if "speller" in saved:
             speller.load_state_dict(saved["speller"])
             spell_opt.load_state_dict(saved["speller_optimizer"])
+        if "relay" in saved:
+            relay.load_state_dict(saved["relay"])
+            relay_opt.load_state_dict(saved["relay_optimizer"])
         start = int(saved["step"])
     elif cfg.init:
         # A reader trained with the tower keeps the tower's features meaningful from the first step; one
@@ -560,6 +573,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             locator.load_state_dict(saved["locator"])
         if "speller" in saved:
             speller.load_state_dict(saved["speller"])
+        mine = relay.state_dict()
+        if "relay" in saved and saved["relay"].keys() == mine.keys() and all(
+                saved["relay"][k].shape == v.shape for k, v in mine.items()):
+            relay.load_state_dict(saved["relay"])
         # A remerged target keeps no reader (its tokens cover other patches); an ordered reader's slots must match.
         if "reader" in saved and init_loss == cfg.aux_loss and saved["reader"]["proj.weight"].shape == \
                 reader.proj.weight.shape:
@@ -575,6 +592,11 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     locate_weight = 0.0 if cfg.vision_only else cfg.locate_weight
     spell_weight = 0.0 if cfg.vision_only or not read_layers else cfg.spell_weight
+    relay_weight = cfg.relay_weight if cfg.read_weight and read_layers else 0.0
+    if relay_weight:
+        for li in read_layers:
+            hooks.append(model.model.language_model.layers[li].self_attn.o_proj.register_forward_pre_hook(
+                lambda m, args, li=li: captured.__setitem__(("heads", li), args[0])))
     if spell_weight:
         spell_table = spelling_table(processor.tokenizer)
         hooks.append(model.model.language_model.layers[max(read_layers)].register_forward_hook(
@@ -645,28 +667,38 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             spell, spell_acc = (speller.loss(captured["spell"], batch["labels"], spell_table) if spell_weight
                                 else (torch.zeros(()), 0.0))
             loss = loss + spell_weight * spell
+            relay_loss, relay_acc = torch.zeros(()), 0.0
+            if relay_weight:
+                relay_loss, relay_acc = _relay_loss(relay, captured, read_layers, where, batch, examples, image_id,
+                                                    merge, relay_slots, head_dim)
+                loss = loss + relay_weight * relay_loss
             opt.zero_grad(set_to_none=True)
             loc_opt.zero_grad(set_to_none=True)
             spell_opt.zero_grad(set_to_none=True)
+            relay_opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             loc_opt.step()
             if spell_weight:
                 spell_opt.step()
+            if relay_weight:
+                relay_opt.step()
             sched.step()
             rec = {"step": step + 1, "lm_loss": round(lm_loss.item(), 4), "aux_loss": round(aux.item(), 4),
                    "aux_acc": round(aux_acc, 4),
                    "read_loss": round(read.item(), 4), "track_loss": round(track.item(), 4),
                    "locate_loss": round(locate.item(), 4), "self_fed": round(fed, 4),
                    "spell_loss": round(spell.item(), 4), "spell_acc": round(spell_acc, 4),
+                   "relay_loss": round(relay_loss.item(), 4), "relay_acc": round(relay_acc, 4),
                    "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
             bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], acc=rec["aux_acc"], read=rec["read_loss"],
                             track=rec["track_loss"], loc=rec["locate_loss"])
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             if (step + 1) % cfg.save_every == 0 or step + 1 == end:
-                _save(model, processor, reader, opt, step + 1, cfg, locator, loc_opt, speller, spell_opt)
+                _save(model, processor, reader, opt, step + 1, cfg, locator, loc_opt, speller, spell_opt, relay,
+                      relay_opt)
     finally:
         for h in hooks:
             h.remove()
@@ -675,8 +707,29 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     return cfg.out
 
 
+def _relay_loss(relay, captured, read_layers, where, batch, examples, image_id, merge, slots, head_dim) -> tuple:
+    """The ``relay_weight`` loss: head 0's output at each reading position must spell the vision token it should read."""
+    b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
+    if not len(b_idx):
+        return torch.zeros(()), 0.0
+    ids, grids = batch["input_ids"], batch["image_grid_thw"][:, 1:].tolist()
+    first = torch.stack([(ids[b] == image_id).nonzero()[0, 0] for b in range(len(examples))])
+    per_ex, k = [], 0
+    for ex in examples:  # reading_targets only points into one-image examples; others keep an empty entry
+        per_ex.append(ordered_targets(ex, tuple(grids[k]), merge, slots) if len(ex.images) == 1 else None)
+        k += len(ex.images)
+    y = torch.stack([per_ex[b][where[b, q] - first[b]] for b, q in zip(b_idx.tolist(), q_idx.tolist())])
+    losses, hits = [], []
+    for reader, li in zip(relay, read_layers):
+        logits = reader(captured[("heads", li)][b_idx, q_idx, :head_dim])
+        losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
+        drawn = y > 0
+        hits.append((logits.argmax(-1)[drawn] == y[drawn]).float().mean().item() if drawn.any() else 0.0)
+    return torch.stack(losses).mean(), sum(hits) / len(hits)
+
+
 def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig, locator, loc_opt, speller=None,
-          spell_opt=None) -> None:
+          spell_opt=None, relay=None, relay_opt=None) -> None:
     """Checkpoint atomically enough for a killed job: weights first, then the step that points at them."""
     training_impl = model.config.text_config._attn_implementation
     model.set_attn_implementation({"text_config": "sdpa"})
@@ -688,6 +741,8 @@ def _save(model, processor, reader, opt, step: int, cfg: TargetTrainConfig, loca
              "locator": locator.state_dict(), "locator_optimizer": loc_opt.state_dict()}
     if cfg.spell_weight and speller is not None:
         state.update(speller=speller.state_dict(), speller_optimizer=spell_opt.state_dict())
+    if cfg.relay_weight and relay is not None:
+        state.update(relay=relay.state_dict(), relay_optimizer=relay_opt.state_dict())
     torch.save(state, tmp)
     os.replace(tmp, os.path.join(cfg.out, "state.pt"))
     with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
