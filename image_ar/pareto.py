@@ -177,6 +177,8 @@ def main(argv=None) -> int:
             report = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise InvalidInputError(f"cannot read the bench JSON {args.bench_json!r}: {e}") from e
+    if not isinstance(report, dict) or not isinstance(report.get("results", []), list):
+        raise InvalidInputError(f"{args.bench_json!r} is not a bench JSON (an object with a 'results' list)")
     rows = pareto_rows(report.get("results", []), args.batch_size)
     text = table(rows)
     print(text)

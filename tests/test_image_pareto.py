@@ -67,6 +67,9 @@ def test_table_and_command(tmp_path, capsys):
         pareto_rows([], None)
     with pytest.raises(InvalidInputError, match="cannot read"):
         main([str(tmp_path / "missing.json")])
+    (tmp_path / "list.json").write_text(json.dumps(RECORDS))  # the records alone, not a bench run
+    with pytest.raises(InvalidInputError, match="not a bench JSON"):
+        main([str(tmp_path / "list.json")])
 
 
 @pytest.mark.slow  # importing matplotlib and drawing take a few seconds here
