@@ -383,7 +383,8 @@ def decode_from_state(
     eos_ids = set(eos_ids)
     device = scores.device
     if scores.dim() != 2:
-        raise InvalidInputError(f"scores must be [batch, vocab] (the token after each prompt), got {tuple(scores.shape)}")
+        raise InvalidInputError(f"scores must be [batch, vocab] (the token after each prompt), "
+                                f"got {tuple(scores.shape)}")
     batch, vocab = scores.shape
     max_new = check_max_new_tokens(max_new)
     if len(prompts) != batch:
