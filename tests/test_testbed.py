@@ -422,7 +422,12 @@ def test_spelling_table_spells_every_printable_token(tiny):
     tok = proc.tokenizer
     table = spelling_table(tok)
     assert table.shape == (len(tok), SPELL)
+    special = set(tok.all_special_ids)
+    # The end token (and every other special token) spells nothing: the speller's loss skips it, as it says.
+    assert tok.eos_token_id in special and all((table[v] == 0).all() for v in special)
     for v in range(len(tok)):
+        if v in special:
+            continue
         text = tok.decode([v])
         spelled = "".join(CHARSET[i - 1] for i in table[v].tolist() if i)
         printable = ""

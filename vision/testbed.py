@@ -416,7 +416,8 @@ SPELL = 4
 
 def spelling_table(tokenizer, width: int = SPELL) -> torch.Tensor:
     """``[vocab, width]`` class ids spelling each token: ``CHARSET`` index + 1 per character, ``0`` after its end
-    (and from the first character outside ``CHARSET``, e.g. a newline).
+    (and from the first character outside ``CHARSET``, e.g. a newline). Special tokens (the end token, image
+    placeholders) spell nothing: their text, e.g. ``<|im_end|>``, is markup, not something drawn on a page.
 
     Example:
         >>> from transformers import PreTrainedTokenizerFast
@@ -427,7 +428,10 @@ def spelling_table(tokenizer, width: int = SPELL) -> torch.Tensor:
         'cat'
     """
     out = torch.zeros(len(tokenizer), width, dtype=torch.long)
+    special = set(tokenizer.all_special_ids)
     for v in range(len(tokenizer)):
+        if v in special:
+            continue
         for j, ch in enumerate(tokenizer.decode([v])[:width]):
             if ch not in _CHAR_INDEX:
                 break
