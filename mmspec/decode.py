@@ -381,7 +381,8 @@ def decode_from_state(
         stats = SpecStats(rule=acceptance.name, lossless=acceptance.lossless and mode_ok,
                           drafter=getattr(drafter, "kind", ""))
     eos_ids = set(eos_ids)
-    device = scores.device
+    # The state lives on the model's device; with device_map="auto" the logits may sit on another GPU.
+    device = getattr(adapter, "device", scores.device)
     if scores.dim() != 2:
         raise InvalidInputError(f"scores must be [batch, vocab] (the token after each prompt), "
                                 f"got {tuple(scores.shape)}")

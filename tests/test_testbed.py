@@ -411,7 +411,9 @@ def test_vision_only_training_changes_the_tower_alone(tmp_path):
     b = Qwen2VLForConditionalGeneration.from_pretrained(out).state_dict()
     changed = {k for k in a if not torch.equal(a[k], b[k])}
     assert changed and all(".visual." in k or k.startswith("visual.") for k in changed), sorted(changed)[:5]
-    with pytest.raises(Exception, match="aux_weight"):
+    from mmspec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="aux_weight"):
         train_target(TargetTrainConfig(out=str(tmp_path / "x"), vision_only=True, aux_weight=0.0), progress=False)
 
 

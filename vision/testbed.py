@@ -34,7 +34,8 @@ from mmspec.workloads import get_workload
 
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
            "patch_reading_loss", "reading_targets", "ordered_targets", "spelling_table", "train_target", "evaluate",
-           "grounding", "reference_ids", "reference_tau", "export_target", "bundled_target", "bundled_eagle", "PatchReader", "CHARSET",
+           "grounding", "reference_ids", "reference_tau", "export_target", "bundled_target", "bundled_eagle",
+           "PatchReader", "CHARSET",
            "self_feed_inputs"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -281,8 +282,9 @@ class TargetTrainConfig:
     first text layer must know each image token's row and column. ``init``: start from another
     checkpoint's weights and patch reader (the reader when trained with the same ``aux_loss``; fresh optimizer
     and schedule); ``stop_after``: end this run at that step while the learning-rate schedule still spans
-    ``steps`` (resume later to continue it). ``probe_warmup``: for that many first steps the patch reader and
-    the locator learn on detached features (for a warm start whose probes start fresh: ``init`` without a
+    ``steps`` (resume later to continue it). ``probe_warmup``: for that many first steps the patch reader, the
+    locator, the speller and the relay learn on detached features (for a warm start whose probes start
+    fresh: ``init`` without a
     ``state.pt``). ``self_feed``: the share of answer input tokens replaced by the model's own
     teacher-forced prediction (from a first, gradient-free pass; see :func:`self_feed_inputs`), so it learns to
     keep reading after its own mistakes instead of drifting into text that is not on the page.
@@ -668,13 +670,15 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             layer0 = captured["layer0"].detach() if warm and locate_weight else captured.get("layer0")
             locate = locator.loss(layer0, batch, image_id) if locate_weight else torch.zeros(())
             loss = loss + locate_weight * locate
-            spell, spell_acc = (speller.loss(captured["spell"], batch["labels"], spell_table) if spell_weight
+            spell_h = captured.get("spell")
+            spell_h = spell_h.detach() if warm and spell_h is not None else spell_h  # a fresh probe: see warm
+            spell, spell_acc = (speller.loss(spell_h, batch["labels"], spell_table) if spell_weight
                                 else (torch.zeros(()), 0.0))
             loss = loss + spell_weight * spell
             relay_loss, relay_acc = torch.zeros(()), 0.0
             if relay_weight:
                 relay_loss, relay_acc = _relay_loss(relay, captured, read_layers, where, batch, examples, image_id,
-                                                    merge, relay_slots, head_dim)
+                                                    merge, relay_slots, head_dim, detach=warm)
                 loss = loss + relay_weight * relay_loss
             opt.zero_grad(set_to_none=True)
             loc_opt.zero_grad(set_to_none=True)
@@ -711,8 +715,9 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     return cfg.out
 
 
-def _relay_loss(relay, captured, read_layers, where, batch, examples, image_id, merge, slots, head_dim) -> tuple:
-    """The ``relay_weight`` loss: head 0's output at each reading position must spell the vision token it should read."""
+def _relay_loss(relay, captured, read_layers, where, batch, examples, image_id, merge, slots, head_dim,
+                detach: bool = False) -> tuple:
+    """The ``relay_weight`` loss: head 0's output at each reading position spells the vision token it should read."""
     b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
     if not len(b_idx):
         return torch.zeros(()), 0.0
@@ -725,7 +730,8 @@ def _relay_loss(relay, captured, read_layers, where, batch, examples, image_id, 
     y = torch.stack([per_ex[b][where[b, q] - first[b]] for b, q in zip(b_idx.tolist(), q_idx.tolist())])
     losses, hits = [], []
     for reader, li in zip(relay, read_layers):
-        logits = reader(captured[("heads", li)][b_idx, q_idx, :head_dim])
+        heads = captured[("heads", li)]
+        logits = reader((heads.detach() if detach else heads)[b_idx, q_idx, :head_dim])
         losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
         drawn = y > 0
         hits.append((logits.argmax(-1)[drawn] == y[drawn]).float().mean().item() if drawn.any() else 0.0)
