@@ -467,3 +467,21 @@ def test_relay_loss_spells_the_token_the_head_reads(tiny, examples):
     only[b, q] = where[b, q]
     loss, acc = _relay_loss([reader], {("heads", 2): heads}, [2], only, batch, ex, image_id, MERGE, 8, 8)
     assert acc == 1.0 and loss < 1e-3
+
+
+def test_ungroup_kv_target_is_the_same_function(tiny, examples, tmp_path):
+    from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+    from mmspec.vision.testbed import ungroup_kv_target
+
+    model, proc = tiny
+    model.save_pretrained(tmp_path / "src")
+    proc.save_pretrained(tmp_path / "src")
+    out = ungroup_kv_target(str(tmp_path / "src"), str(tmp_path / "kv"), progress=False)
+    new = Qwen2VLForConditionalGeneration.from_pretrained(out).eval()
+    tc = new.config.text_config
+    assert model.config.text_config.num_key_value_heads < tc.num_key_value_heads == tc.num_attention_heads
+    batch = make_batch(AutoProcessor.from_pretrained(out), examples[:2])
+    batch.pop("labels")
+    with torch.no_grad():
+        torch.testing.assert_close(new(**batch).logits, model.eval()(**batch).logits, atol=1e-4, rtol=1e-4)
