@@ -121,3 +121,13 @@ python -m mmspec.vision.testbed train --out "$W/read3" --init "$W/spell-b" --siz
     --locate-weight 0.1 --track-weight 0.5 --spell-weight 1.0 --probe-warmup 0 --self-feed 0 --docs-fraction 0.9 \
     --save-every 100 --threads 1 \
     --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.6, "block_fraction": 0.3, "scrambled_fraction": 0.5}, "charts": {}}'
+# Key-value heads A/B (issue 14): the relay run at step 200 continued 100 steps as is, and as a copy with one
+# key-value head per query head (same function at the start).
+python -m mmspec.vision.testbed ungroup-kv --init "$W/relay-b" --out "$W/relay-b-kv6"
+for pair in "$W/relay-b:$W/relay-cont" "$W/relay-b-kv6:$W/relay-kv6"; do
+python -m mmspec.vision.testbed train --out "${pair#*:}" --init "${pair%%:*}" --size small --steps 400 --stop-after 100 \
+    --warmup 20 --batch-size 16 --lr 3e-4 --aux-weight 0.25 --aux-loss ordered --read-weight 0.5 --relay-weight 1.0 \
+    --read-layers 2,3 --locate-weight 0.1 --track-weight 0.5 --probe-warmup 0 --self-feed 0 --docs-fraction 1.0 \
+    --save-every 50 --threads 1 --workload-options "$LINES_SCR"
+python vision/assets/probes/tf_scrambled.py "${pair#*:}" 16 0,1 line,block
+done
