@@ -458,14 +458,15 @@ def test_relay_loss_spells_the_token_the_head_reads(tiny, examples):
     # A reader whose logits are exactly the one-hot of the wanted string for every position is right at (b, q).
     reader = PatchReader(8, len(CHARSET) + 1, MERGE, cells=8)
     heads = torch.zeros(*batch["input_ids"].shape, 16)
-    loss, acc = _relay_loss([reader], {("heads", 2): heads}, [2], where, batch, ex, image_id, MERGE, 8, 8)
+    spelled = [ordered_targets(e, tuple(g), MERGE, 8) for e, g in zip(ex, batch["image_grid_thw"][:, 1:].tolist())]
+    loss, acc = _relay_loss([reader], {("heads", 2): heads}, [2], where, batch["input_ids"], spelled, image_id, 8)
     assert loss > 0 and 0.0 <= acc <= 1.0
     torch.nn.init.zeros_(reader.proj.weight)
     with torch.no_grad():
         reader.proj.bias.copy_(torch.nn.functional.one_hot(want, len(CHARSET) + 1).flatten().float() * 20)
     only = torch.full_like(where, -1)
     only[b, q] = where[b, q]
-    loss, acc = _relay_loss([reader], {("heads", 2): heads}, [2], only, batch, ex, image_id, MERGE, 8, 8)
+    loss, acc = _relay_loss([reader], {("heads", 2): heads}, [2], only, batch["input_ids"], spelled, image_id, 8)
     assert acc == 1.0 and loss < 1e-3
 
 

@@ -87,6 +87,26 @@ def merge_size(processor) -> int:
     return int(getattr(getattr(processor, "image_processor", None), "merge_size", MERGE))
 
 
+def _drawn_chars(example, grid_hw: tuple[int, int], merge: int):
+    """Each drawn character inside the patch grid: ``(token, patch within token, centre y, centre x, CHARSET
+    index)``. Vertical (rotated) text runs are skipped: their character positions are not along x."""
+    h, w = grid_hw
+    for run in example.meta.get("runs", []):
+        xs, text = run.get("chars"), run["text"]
+        x0, y0, x1, y1 = run["box"]
+        if not xs or len(xs) != len(text) + 1 or (y1 - y0) > 2 * (x1 - x0):
+            continue
+        cy = (y0 + y1) / 2
+        py = int(cy) // PATCH
+        for ch, a, b in zip(text, xs[:-1], xs[1:]):
+            idx = _CHAR_INDEX.get(ch)
+            cx = (a + b) / 2
+            px = int(cx) // PATCH
+            if idx is None or not (0 <= py < h and 0 <= px < w):
+                continue
+            yield (py // merge) * (w // merge) + px // merge, (py % merge) * merge + px % merge, cy, cx, idx
+
+
 def aux_targets(example, grid_hw: tuple[int, int], merge: int = MERGE) -> torch.Tensor:
     """Multi-hot ``[n_merged, merge**2, len(CHARSET)]``: which characters lie under each patch of each merged token.
 
@@ -96,19 +116,9 @@ def aux_targets(example, grid_hw: tuple[int, int], merge: int = MERGE) -> torch.
     """
     h, w = grid_hw
     out = torch.zeros(h // merge * (w // merge), merge * merge, len(CHARSET))
-    for run in example.meta.get("runs", []):
-        xs, text = run.get("chars"), run["text"]
-        x0, y0, x1, y1 = run["box"]
-        if not xs or len(xs) != len(text) + 1 or (y1 - y0) > 2 * (x1 - x0):
-            continue
-        py = int((y0 + y1) / 2) // PATCH
-        for ch, a, b in zip(text, xs[:-1], xs[1:]):
-            idx = _CHAR_INDEX.get(ch)
-            px = int((a + b) / 2) // PATCH
-            if idx is None or ch == " " or not (0 <= py < h and 0 <= px < w):
-                continue
-            k = (py // merge) * (w // merge) + px // merge
-            out[k, (py % merge) * merge + px % merge, idx] = 1.0
+    for k, cell, _, _, idx in _drawn_chars(example, grid_hw, merge):
+        if idx:  # index 0, the space, is the blank class
+            out[k, cell, idx] = 1.0
     return out
 
 
@@ -130,21 +140,8 @@ def ordered_targets(example, grid_hw: tuple[int, int], merge: int = MERGE, slots
     h, w = grid_hw
     slots = slots or 4 * merge
     cells: dict = {}
-    for run in example.meta.get("runs", []):
-        xs, text = run.get("chars"), run["text"]
-        x0, y0, x1, y1 = run["box"]
-        if not xs or len(xs) != len(text) + 1 or (y1 - y0) > 2 * (x1 - x0):
-            continue
-        cy = (y0 + y1) / 2
-        py = int(cy) // PATCH
-        for ch, a, b in zip(text, xs[:-1], xs[1:]):
-            idx = _CHAR_INDEX.get(ch)
-            cx = (a + b) / 2
-            px = int(cx) // PATCH
-            if idx is None or not (0 <= py < h and 0 <= px < w):
-                continue
-            k = (py // merge) * (w // merge) + px // merge
-            cells.setdefault(k, []).append((cy, cx, idx + 1))
+    for k, _, cy, cx, idx in _drawn_chars(example, grid_hw, merge):
+        cells.setdefault(k, []).append((cy, cx, idx + 1))
     out = torch.zeros(h // merge * (w // merge), slots, dtype=torch.long)
     for k, chars in cells.items():
         chars.sort()
@@ -547,8 +544,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     spell_opt = torch.optim.AdamW(speller.parameters(), lr=cfg.lr)
     tc = model.config.text_config
     head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    relay_slots = cfg.read_slots or 4 * merge
-    relay = torch.nn.ModuleList([PatchReader(head_dim, len(CHARSET) + 1, merge, cells=relay_slots)
+    relay = torch.nn.ModuleList([PatchReader(head_dim, len(CHARSET) + 1, merge, cells=slots)
                                  for _ in range(max(len(_read_layers(cfg, tc.num_hidden_layers)), 1))])
     relay_opt = torch.optim.AdamW(relay.parameters(), lr=cfg.lr)
     if resume:
@@ -641,10 +637,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
                 lm_loss = torch.zeros(())
             else:
                 lm_loss = model(**batch).loss
-            grids = batch["image_grid_thw"][:, 1:].tolist()
-            make_y = (lambda ex, g: ordered_targets(ex, g, merge, slots)) if ordered else (
-                lambda ex, g: aux_targets(ex, g, merge))
-            aux_y = torch.cat([make_y(ex, tuple(g)) for ex, g in zip(examples, grids)])
+            grids = [tuple(g) for g in batch["image_grid_thw"][:, 1:].tolist()]  # one image per example
+            spelled = [ordered_targets(ex, g, merge, slots) for ex, g in zip(examples, grids)] if (
+                ordered or relay_weight) else None
+            aux_y = torch.cat(spelled if ordered else [aux_targets(ex, g, merge) for ex, g in zip(examples, grids)])
             # While the probes are new, they learn on detached features: a random probe's gradient would
             # otherwise push a trained tower (and first layer) around before the probe knows anything.
             warm = step < cfg.probe_warmup
@@ -677,8 +673,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             loss = loss + spell_weight * spell
             relay_loss, relay_acc = torch.zeros(()), 0.0
             if relay_weight:
-                relay_loss, relay_acc = _relay_loss(relay, captured, read_layers, where, batch, examples, image_id,
-                                                    merge, relay_slots, head_dim, detach=warm)
+                relay_loss, relay_acc = _relay_loss(relay, captured, read_layers, where, batch["input_ids"], spelled,
+                                                    image_id, head_dim, detach=warm)
                 loss = loss + relay_weight * relay_loss
             opt.zero_grad(set_to_none=True)
             loc_opt.zero_grad(set_to_none=True)
@@ -715,19 +711,17 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     return cfg.out
 
 
-def _relay_loss(relay, captured, read_layers, where, batch, examples, image_id, merge, slots, head_dim,
+def _relay_loss(relay, captured, read_layers, where, input_ids, spelled, image_id, head_dim,
                 detach: bool = False) -> tuple:
-    """The ``relay_weight`` loss: head 0's output at each reading position spells the vision token it should read."""
+    """The ``relay_weight`` loss: head 0's output at each reading position spells the vision token it should read.
+
+    ``spelled[b]``: :func:`ordered_targets` of example ``b``'s image, whose tokens sit contiguously in its row.
+    """
     b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
     if not len(b_idx):
         return torch.zeros(()), 0.0
-    ids, grids = batch["input_ids"], batch["image_grid_thw"][:, 1:].tolist()
-    first = torch.stack([(ids[b] == image_id).nonzero()[0, 0] for b in range(len(examples))])
-    per_ex, k = [], 0
-    for ex in examples:  # reading_targets only points into one-image examples; others keep an empty entry
-        per_ex.append(ordered_targets(ex, tuple(grids[k]), merge, slots) if len(ex.images) == 1 else None)
-        k += len(ex.images)
-    y = torch.stack([per_ex[b][where[b, q] - first[b]] for b, q in zip(b_idx.tolist(), q_idx.tolist())])
+    first = (input_ids == image_id).int().argmax(-1)  # each row's first image token
+    y = torch.stack([spelled[b][where[b, q] - first[b]] for b, q in zip(b_idx.tolist(), q_idx.tolist())])
     losses, hits = [], []
     for reader, li in zip(relay, read_layers):
         heads = captured[("heads", li)]
