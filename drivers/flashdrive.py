@@ -714,10 +714,13 @@ class FlashDriveEngine:
                             positions=StreamPositions(torch.full((3, 1, 1), tpl.next_position - 1, device=dev)),
                             pending=torch.zeros(1, dtype=torch.long, device=dev),
                             new_type_ids={"mm_token_type_ids": torch.zeros(1, 1, dtype=torch.long, device=dev)})
-        (new,), stats = decode_from_state(
+        res = decode_from_state(
             self._adapter, state, logits.float(), self.drafter, prompts=[ids.tolist()],
             max_new=self.max_reasoning_tokens, eos_ids=self.eos, hidden={i: h[None] for i, h in hs.items()},
             model_inputs=model_inputs, keep_state=True)
+        (new,), stats = res
+        # The action expert reads batch row 0 of ``cache``: the tick's one row must be the one the state kept.
+        assert res.state_rows == [0], res.state_rows
         self.stats["spec_rounds"] += stats.rounds
         self.stats["spec_tokens"] += len(new) - 1
         if stats.rounds:  # the drafter began (a run that stops at its first token makes no round)

@@ -38,7 +38,7 @@ from .stats import SpecStats
 from .target import TargetAdapter
 from .tree import DraftTree
 
-__all__ = ["generate", "GenerateOutput", "decode_from_state"]
+__all__ = ["generate", "GenerateOutput", "decode_from_state", "DecodeResult"]
 
 
 @dataclass
@@ -47,6 +47,41 @@ class GenerateOutput:
 
     sequences: torch.Tensor
     stats: SpecStats
+
+
+class DecodeResult(tuple):
+    """What :func:`decode_from_state` returns: unpacks as ``(generated, stats)``, and says which rows the state holds.
+
+    Attributes:
+        generated: each original row's new tokens (a list of ints per row, in ``prompts`` order).
+        stats: the :class:`~mmspec.stats.SpecStats` the rounds added to.
+        state_rows: the original rows (indices into ``prompts`` / ``scores``) the state still holds, in state order:
+            row ``i`` of the state afterwards is original row ``state_rows[i]``. With ``keep_state``, the rows that
+            stopped in the last round (every row if all stopped at their first token); without it, none.
+
+    Example:
+        >>> from mmspec.stats import SpecStats
+        >>> res = DecodeResult([[4, 2], [7, 1], [3]], SpecStats(), state_rows=[0, 2])
+        >>> generated, stats = res
+        >>> generated is res.generated, res.state_rows
+        (True, [0, 2])
+    """
+
+    def __new__(cls, generated: list, stats: SpecStats, state_rows=()):
+        self = super().__new__(cls, (generated, stats))
+        self.state_rows = [int(r) for r in state_rows]
+        return self
+
+    def __getnewargs__(self):  # pickling and copying rebuild it with its rows (tuple's default would drop them)
+        return (self[0], self[1], self.state_rows)
+
+    @property
+    def generated(self) -> list:
+        return self[0]
+
+    @property
+    def stats(self) -> SpecStats:
+        return self[1]
 
 
 class _StopStrings:
@@ -337,7 +372,7 @@ def decode_from_state(
     max_time: float | None = None,
     t_start: float | None = None,
     keep_state: bool = False,
-) -> tuple[list, SpecStats]:
+) -> DecodeResult:
     """The speculative rounds of :func:`generate`, from a target state someone already prefilled.
 
     :func:`generate` prefills with :meth:`TargetAdapter.prefill` and calls this; a pipeline that builds its own
@@ -362,17 +397,22 @@ def decode_from_state(
         keep_state: rows that stop in the last round stay in ``state`` (finished earlier ones still leave), with
             every token they kept but the last in the cache (tokens past a stop inside an accepted path are
             removed) and the last one pending: what a caller that reads or extends the cache afterwards needs.
-            ``False``: they leave, as in ``generate``.
+            At batch > 1 rows finish in different rounds, so which rows stayed is in the result's
+            ``state_rows`` (original row indices, in state order). ``False``: they leave, as in ``generate``.
         generator, budget, record_entropy, on_tokens, streamer, max_time, t_start: as for :func:`generate`.
 
     Returns:
-        ``(generated, stats)``: each row's new tokens (a list of ints per row) and the stats.
+        a :class:`DecodeResult`, unpacking as ``(generated, stats)``: each row's new tokens (a list of ints per
+        row) and the stats; its ``state_rows`` lists the original rows ``state`` still holds, in state order.
 
     Example:
         >>> adapter = TargetAdapter(model)                                                      # doctest: +SKIP
         >>> state, logits, hidden = adapter.prefill(ids, {"attention_mask": mask})              # doctest: +SKIP
-        >>> tokens, stats = decode_from_state(adapter, state, logits, prompts=[ids[0].tolist()],
-        ...                                   max_new=32, eos_ids={2})                          # doctest: +SKIP
+        >>> res = decode_from_state(adapter, state, logits, prompts=[p.tolist() for p in rows],
+        ...                         max_new=32, eos_ids={2}, keep_state=True)                   # doctest: +SKIP
+        >>> tokens, stats = res                                                                 # doctest: +SKIP
+        >>> res.state_rows  # state row i is original row res.state_rows[i]                     # doctest: +SKIP
+        [1, 3]
     """
     t_start = time.perf_counter() if t_start is None else t_start
     acceptance = get_rule(rule, do_sample)
@@ -401,6 +441,7 @@ def decode_from_state(
     for buf, p in zip(buffers, prompt_rows):
         buf[: len(p)] = p
     active = list(range(batch))  # original row of each state row
+    stayed: list[int] = []  # with keep_state: the rows that stopped last and stay in the state for the caller
 
     def push(r: int, new_tokens: list[int]) -> tuple[list[int], bool]:
         """Append a row's committed tokens up to the first stop; return what was kept and whether it stopped."""
@@ -433,8 +474,8 @@ def decode_from_state(
         adapter.select_rows(state, keep)
         active = [active[i] for i in keep]
         hidden = {k: v[keep] for k, v in hidden.items()}
-    elif not keep:
-        active = []
+    elif not keep:  # keep_state, and every row stopped at its first token: all stay
+        stayed, active = active, []
 
     def context(hidden_states) -> DraftContext:
         return DraftContext(
@@ -506,6 +547,8 @@ def decode_from_state(
         result = RoundResult(trees=trees, paths=paths, next_tokens=nexts, finished=finished, committed=committed,
                              scores=row_scores)
         prev_ctx = ctx
+        if last:
+            stayed = active
         active = [active[i] for i in keep]
         hs = out.hidden_states
         ctx = context(hs if len(keep) == len(finished) else {k: v[keep] for k, v in hs.items()})
@@ -515,7 +558,7 @@ def decode_from_state(
         stats.verify_time += t2 - t1
         stats.accept_time += t3 - t2
         stats.commit_time += t4 - t3
-    return generated, stats
+    return DecodeResult(generated, stats, state_rows=stayed)
 
 
 def _check_trees(drafter, trees: list, rows: int, vocab: int) -> None:
