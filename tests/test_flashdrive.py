@@ -1,6 +1,7 @@
 """FlashDrive on the driving VLA: exact re-rotation, streaming reuse (exact where the model allows it), reset
 semantics, clip replay through decord, the flow head's step cache, and ``mmspec drive-sim``."""
 
+import functools
 import json
 
 import numpy as np
@@ -578,3 +579,56 @@ def test_drive_sim_command_writes_records(two_layer, tmp_path):
     assert sp["tau"] >= 1.0 and sp["target_forwards"] <= sp["target_forwards_plain"]
     assert recs[3]["stage_ratio_vs_plain"]["decode"] > 0 and recs[0]["stage_ratio_vs_plain"]["total"] == 1.0
     assert recs[2]["quality"]["stream_reuse_rate"] > 0.5
+
+
+def _scenario_key(scn) -> tuple:
+    """What tells scenarios apart (the road is drawn from the same seed as these)."""
+    return (scn.kind, scn.ego_speed, scn.desired_speed, repr(scn.lead), repr(scn.parked), repr(scn.pedestrian),
+            repr(scn.light))
+
+
+def test_closed_loop_start_drives_exactly_those_scenarios_of_a_run_from_zero(two_layer, tmp_path, monkeypatch,
+                                                                             capsys):
+    """A chunk (``--closed-loop-start K``, ``n`` scenarios) drives scenarios ``K .. K+n-1`` exactly as a run from 0
+    drives them (same scenario, same noise, no state from an earlier drive: the same controls to the last bit), and
+    its counts are those drives' incidents, so chunks of a long study add up; a negative start is refused before
+    any model loads."""
+    from mmspec.cli import main
+    from mmspec.drivers import bench, world
+
+    model = str(tmp_path / "vla")
+    two_layer.save_pretrained(model)
+    drives = []
+    simulate = world.simulate
+
+    def spy(scn, seconds, policy=None):
+        sim = simulate(scn, seconds, policy)
+        drives.append(sim)
+        return sim
+
+    monkeypatch.setattr(world, "simulate", spy)  # drive_sim imports it from the module at call time
+    # Short reasoning keeps it fast (an untrained VLA reasons to the cap); the controls still read every stage.
+    monkeypatch.setattr(bench, "DrivingPipeline", functools.partial(bench.DrivingPipeline, max_reasoning_tokens=3))
+
+    def run(start, n):
+        drives.clear()
+        recs = bench.drive_sim(model, ("flashdrive",), clips=0, closed=n, closed_start=start, seconds=2.2,
+                               samples=1, progress=False)
+        return recs[0], list(drives)
+
+    _, full = run(0, 3)
+    rec, chunk = run(1, 2)
+    assert len({_scenario_key(d.scenario) for d in full}) == 3  # the three differ, so a shifted chunk shows
+    for got, want in zip(chunk, full[1:], strict=True):
+        assert _scenario_key(got.scenario) == _scenario_key(want.scenario)
+        assert len(got.controls) == len(want.controls) > 20  # the model drove after the hand-over at tick 20
+        assert got.controls == want.controls and np.array_equal(np.array(got.ego), np.array(want.ego))
+    q = rec["quality"]
+    assert q["n_scenarios"] == 2 and q["first_scenario"] == 1 and rec["n_examples"] == 2 * 2  # 2 plans a drive
+    for k in world.INCIDENTS:
+        assert q[f"{k}_count"] == sum(world.safety_events(d, 20)[k] for d in full[1:])
+    with pytest.raises(InvalidInputError, match="closed-loop-start >= 0"):
+        bench.drive_sim(str(tmp_path / "not-loaded"), ("plain",), clips=0, closed=1, closed_start=-1)
+    assert main(["drive-sim", "--model", model, "--clips", "0", "--closed-loop", "1", "--closed-loop-start", "-2",
+                 "--no-progress"]) == 2
+    assert "closed-loop-start >= 0" in capsys.readouterr().err
