@@ -44,7 +44,19 @@ def _tolerances(ar: dict) -> tuple:
 
 def pareto_rows(results: list, batch_size: int | None = None) -> list[dict]:
     """One row per image system of ``results`` (a bench JSON's ``results``) at ``batch_size`` (default: the smallest
-    measured), in the run's order, with ``within_tolerance`` and ``pareto`` set (module docstring)."""
+    measured), in the run's order, with ``within_tolerance`` and ``pareto`` set (module docstring).
+
+    Example:
+        >>> q = {"fid": 40.0, "fid_n": 256, "fid_noise_floor": 3.0, "prompt_accuracy": 0.8}
+        >>> ar = {"workload": "images", "status": "ok", "system": "ar", "batch_size": 1, "lossless": True,
+        ...       "speedup_vs_ar": 1.0, "target_forwards": 512, "quality": q}
+        >>> sjd = dict(ar, system="sjd", speedup_vs_ar=2.0, target_forwards=256)  # AR's FID, twice as fast
+        >>> csd = dict(ar, system="csd", lossless=False, speedup_vs_ar=3.0, target_forwards=128,
+        ...            quality=dict(q, fid=47.0))  # faster still, past AR's FID + 5%
+        >>> rows = pareto_rows([ar, sjd, csd])
+        >>> [(r["system"], r["forwards_ratio"], r["within_tolerance"], r["pareto"]) for r in rows]
+        [('ar', 1.0, True, False), ('sjd', 2.0, True, True), ('csd', 4.0, False, True)]
+    """
     recs = [r for r in results if r.get("workload") == "images" and r.get("status") == "ok"]
     if not recs:
         raise InvalidInputError("no images records in this bench run (mmspec bench --workload images)")
@@ -81,7 +93,15 @@ def pareto_rows(results: list, batch_size: int | None = None) -> list[dict]:
 
 def bars(rows: list) -> dict:
     """The issue's two bars over :func:`pareto_rows`: the fastest lossless system (``>= 1.8x``) and the fastest system
-    within tolerance (``>= 3.5x``)."""
+    within tolerance (``>= 3.5x``). AR itself (a row that is its own reference) counts for neither.
+
+    Example:
+        >>> ar = {"system": "ar", "reference": "ar", "lossless": True, "within_tolerance": True, "speedup_vs_ar": 1.0}
+        >>> rows = [ar, dict(ar, system="sjd", speedup_vs_ar=2.1)]
+        >>> b = bars(rows)
+        >>> b["fastest_lossless"], b["lossless_bar_holds"], b["fastest_within_tolerance"], b["quality_bar_holds"]
+        ('sjd', True, 'sjd', False)
+    """
     def fastest(ok):
         cands = [r for r in rows if ok(r) and r["reference"] != r["system"]]
         return max(cands, key=lambda r: r["speedup_vs_ar"]) if cands else None
@@ -100,7 +120,24 @@ def _f(v, fmt):
 
 
 def table(rows: list) -> str:
-    """:func:`pareto_rows` as a markdown table, with the tolerances and the bars under it."""
+    """:func:`pareto_rows` as a markdown table, with the tolerances and the bars under it.
+
+    Example:
+        >>> q = {"fid": 40.0, "fid_n": 256, "fid_noise_floor": 3.0, "prompt_accuracy": 0.8, "code_nll": 0.9}
+        >>> ar = {"workload": "images", "status": "ok", "system": "ar", "batch_size": 1, "lossless": True,
+        ...       "speedup_vs_ar": 1.0, "target_forwards": 512, "tau": 1.0, "quality": q}
+        >>> sjd = dict(ar, system="sjd", speedup_vs_ar=2.0, target_forwards=256, tau=2.0)
+        >>> print(table(pareto_rows([ar, sjd])))  # doctest: +NORMALIZE_WHITESPACE
+        | system | lossless | target forwards | fwd ratio | wall speedup | tau | FID | prompt acc. | code NLL |
+        within tol. | Pareto |
+        |---|---|---|---|---|---|---|---|---|---|---|
+        | `ar` | yes | 512 | 1.00x | 1.00x | 1.00 | 40.0 | 0.800 | 0.900 | yes |  |
+        | `sjd` | yes | 256 | 2.00x | 2.00x | 2.00 | 40.0 | 0.800 | 0.900 | yes | * |
+        <BLANKLINE>
+        FID n = 256; AR-vs-AR noise floor: FID 3.00, prompt accuracy -. Tolerance: FID <= 40.0 + 3.00, prompt
+        accuracy >= 0.800 - 0.020.
+        Lossless bar (>= 1.8x): holds (sjd: 2.00x). Fastest within tolerance (>= 3.5x): fails (sjd: 2.00x).
+    """
     out = ["| system | lossless | target forwards | fwd ratio | wall speedup | tau | FID | prompt acc. | code NLL | "
            "within tol. | Pareto |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -125,7 +162,19 @@ def table(rows: list) -> str:
 
 def save_png(rows: list, path: str, title: str = "") -> None:
     """Two panels against wall speedup: (a) FID with AR's tolerance band and the Pareto front, (b) prompt accuracy
-    with its tolerance band; filled markers lossless, crosses lossy. Needs matplotlib."""
+    with its tolerance band; filled markers lossless, crosses lossy. Needs matplotlib (``mmspec[bench]``).
+
+    Example:
+        >>> import os, tempfile
+        >>> q = {"fid": 40.0, "fid_n": 256, "fid_noise_floor": 3.0, "prompt_accuracy": 0.8}
+        >>> ar = {"workload": "images", "status": "ok", "system": "ar", "batch_size": 1, "lossless": True,
+        ...       "speedup_vs_ar": 1.0, "target_forwards": 512, "quality": q}
+        >>> csd = dict(ar, system="csd", lossless=False, speedup_vs_ar=3.0, quality=dict(q, fid=47.0))
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     save_png(pareto_rows([ar, csd]), os.path.join(tmp, "pareto.png"), title="two systems")
+        ...     open(os.path.join(tmp, "pareto.png"), "rb").read(8) == bytes([137, 80, 78, 71, 13, 10, 26, 10])
+        True
+    """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -163,7 +212,22 @@ def save_png(rows: list, path: str, title: str = "") -> None:
 
 def main(argv=None) -> int:
     """``python -m mmspec.image_ar pareto BENCH.json [--png PATH] [--md PATH] [--batch-size N]``: print the table
-    (and write it, the plot), from a bench JSON."""
+    (and write it, the plot), from a bench JSON; returns the exit status.
+
+    Example:
+        >>> import os, tempfile
+        >>> ar = {"workload": "images", "status": "ok", "system": "ar", "batch_size": 1, "lossless": True,
+        ...       "speedup_vs_ar": 1.0, "target_forwards": 512, "quality": {"fid": 40.0, "prompt_accuracy": 0.8}}
+        >>> with tempfile.TemporaryDirectory() as tmp:  # doctest: +ELLIPSIS
+        ...     with open(os.path.join(tmp, "bench.json"), "w") as f:
+        ...         json.dump({"results": [ar, dict(ar, system="sjd", speedup_vs_ar=2.0)]}, f)
+        ...     main([os.path.join(tmp, "bench.json"), "--md", os.path.join(tmp, "table.md")])
+        ...     os.path.getsize(os.path.join(tmp, "table.md")) > 0
+        | system | lossless | target forwards | fwd ratio | wall speedup | tau | FID | ...
+        ...
+        0
+        True
+    """
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m mmspec.image_ar pareto")
