@@ -486,3 +486,103 @@ def test_ungroup_kv_target_is_the_same_function(tiny, examples, tmp_path):
     batch.pop("labels")
     with torch.no_grad():
         torch.testing.assert_close(new(**batch).logits, model.eval()(**batch).logits, atol=1e-4, rtol=1e-4)
+
+
+def _log(path) -> list:
+    """A run's logged figures, step by step, without its timings (which differ from run to run)."""
+    rows = [json.loads(line) for line in (path / "train_log.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("sec", "data_sec")} for r in rows]
+
+
+def test_data_workers_and_a_time_budget_keep_the_losses(tiny, tmp_path):
+    """Data workers build each step's inputs from the step index alone: a run with 2 workers, stopped by a tiny
+    time budget after its first step (checkpoint saved) and resumed, logs exactly the losses of a run with none."""
+    model, proc = tiny
+    model.save_pretrained(tmp_path / "init")
+    proc.save_pretrained(tmp_path / "init")
+    common = dict(init=str(tmp_path / "init"), size="tiny", steps=3, batch_size=2, save_every=10, warmup=1,
+                  track_weight=0.5, relay_weight=0.5)
+    train_target(TargetTrainConfig(out=str(tmp_path / "plain"), **common), progress=False)
+    budget = TargetTrainConfig(out=str(tmp_path / "workers"), data_workers=2, max_minutes=1e-6, **common)
+    train_target(budget, progress=False)
+    assert [r["step"] for r in _log(tmp_path / "workers")] == [1]  # the budget was spent after one step...
+    assert torch.load(tmp_path / "workers" / "state.pt", weights_only=True)["step"] == 1  # ...which was saved
+    budget.max_minutes = 0.0
+    train_target(budget, progress=False)  # resumes at step 1, its workers starting from step 1's items
+    plain, workers = _log(tmp_path / "plain"), _log(tmp_path / "workers")
+    assert [r["step"] for r in workers] == [1, 2, 3] and plain == workers
+    assert all(r["relay_loss"] > 0 and r["read_loss"] > 0 for r in workers)
+
+
+def test_device_options_are_checked_before_training(tmp_path):
+    from mmspec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="device"):
+        train_target(TargetTrainConfig(out=str(tmp_path), device="tpu"), progress=False)
+    with pytest.raises(InvalidInputError, match="amp"):
+        train_target(TargetTrainConfig(out=str(tmp_path), amp="fp16"), progress=False)
+    with pytest.raises(InvalidInputError, match="data_workers"):
+        train_target(TargetTrainConfig(out=str(tmp_path), data_workers=-1), progress=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidInputError, match="no CUDA"):
+            train_target(TargetTrainConfig(out=str(tmp_path), device="cuda"), progress=False)
+    assert not (tmp_path / "train_log.jsonl").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_training_in_bf16_saves_float32_and_resumes_on_the_cpu(tiny, tmp_path):
+    """On a GPU: two bf16-autocast steps with every probe; the checkpoint is float32 and resumes on the CPU."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model, proc = tiny
+    model.save_pretrained(tmp_path / "init")
+    proc.save_pretrained(tmp_path / "init")
+    cfg = TargetTrainConfig(out=str(tmp_path / "run"), init=str(tmp_path / "init"), size="tiny", steps=3,
+                            stop_after=2, batch_size=2, warmup=1, device="cuda", track_weight=0.5, spell_weight=0.5,
+                            relay_weight=0.5, self_feed=0.5, data_workers=1)
+    train_target(cfg, progress=False)
+    assert Qwen2VLForConditionalGeneration.from_pretrained(tmp_path / "run").dtype == torch.float32
+    cfg.device, cfg.stop_after, cfg.data_workers = "cpu", 0, 0
+    train_target(cfg, progress=False)
+    log = _log(tmp_path / "run")
+    assert [r["step"] for r in log] == [1, 2, 3] and all(r["lm_loss"] > 0 and r["relay_loss"] > 0 for r in log)
+
+
+@pytest.mark.slow
+def test_train_gpu_script_round_trip_on_the_cpu(tiny, tmp_path):
+    """vision/assets/train_gpu.sh as a future GPU session runs it, with DEVICE=cpu: prepare a carry folder from a
+    checkpoint, train it for a tiny budget (a stop and a save, as on the device), pack the result into <= 15 MiB
+    parts, and unpack them into a checkpoint that loads in float32 and names the probes a run with --init reads."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model, proc = tiny
+    model.save_pretrained(tmp_path / "src")
+    proc.save_pretrained(tmp_path / "src")
+    repo = Path(__file__).resolve().parents[1]
+    script = str(repo / "vision" / "assets" / "train_gpu.sh")
+    env = dict(os.environ, PY=sys.executable, CARRY=str(tmp_path / "carry"), WHEEL="0", OMP_NUM_THREADS="1",
+               DEVICE="cpu", MINUTES="0.02", WORKERS="1", OUT=str(tmp_path / "out"), RUN_DIR=str(tmp_path / "run"))
+    (tmp_path / "out").mkdir()
+
+    def sh(*args):
+        done = subprocess.run(["bash", script, *args], cwd=repo, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    assert "tracked files" in sh("prepare", str(tmp_path / "src"))
+    assert (tmp_path / "carry" / "fonts.txt").read_text().split() == __import__(
+        "mmspec.vision.workloads.render", fromlist=["font_families"]).font_families()
+    sh("train", "--size", "tiny", "--steps", "50", "--batch-size", "2", "--warmup", "1")
+    parts = sorted((tmp_path / "out").glob("ckpt.tar.part-*"))
+    assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
+    summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())
+    assert 1 <= summary["steps"] < 50 and summary["weights_dtype"] == "float32"  # stopped by the budget
+    sh("unpack", str(tmp_path / "out"), str(tmp_path / "back"))
+    back = tmp_path / "back"
+    assert json.loads((back / "train_config.json").read_text())["device"] == "cpu"
+    assert set(torch.load(back / "probes.pt", weights_only=True)) == {"reader", "locator"}
+    assert [json.loads(line)["step"] for line in (back / "train_log.jsonl").read_text().splitlines()] == list(
+        range(1, summary["steps"] + 1))

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -294,6 +295,13 @@ class TargetTrainConfig:
     ``relay_weight``: what head 0 of each reading layer passes on (its output before the output projection) must
     name the characters of the vision token it is taught to look at, in order (an ``"ordered"`` reader per reading
     layer): the head's values have to carry what the token shows, not only where it is.
+    ``device``: ``"cpu"``, ``"cuda"`` (or ``"cuda:N"``) or ``"auto"`` (cuda when available): the model, the probes
+    and every batch tensor live there. ``amp``: ``"bf16"`` autocasts forward and losses to bfloat16 (master
+    weights and the saved checkpoint stay float32), ``"none"`` runs float32; ``"auto"``: bf16 on cuda, none on cpu.
+    ``data_workers``: processes that render the items and build each step's inputs (batch, reading and reader
+    targets) ahead of the loop, so the device never waits on Pillow; 0 builds them in the loop. The items of a
+    step depend on the step alone: any number of workers logs the same losses. ``max_minutes``: stop cleanly
+    (checkpoint saved) once that much wall-clock time has passed since the call began (0: no budget).
     """
 
     out: str = "testbed-target"
@@ -320,6 +328,10 @@ class TargetTrainConfig:
     save_every: int = 250
     seed: int = 0
     threads: int = 0
+    device: str = "cpu"
+    amp: str = "auto"
+    data_workers: int = 0
+    max_minutes: float = 0.0
     tokenizer_texts: int = 3000
     vocab_size: int = 1024
     workload_options: dict = field(default_factory=lambda: {"docs": {}, "charts": {}})
@@ -356,7 +368,8 @@ def patch_reading_loss(logits, targets, kind: str = "softmax", blank_weight: flo
     hit = targets.gather(-1, logits.argmax(-1, keepdim=True))[..., 0] > 0
     acc = hit[has].float().mean().item() if has.any() else 0.0
     if kind == "bce":
-        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, pos_weight=torch.tensor(8.0)), acc
+        pos_weight = torch.tensor(8.0, device=logits.device)
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, pos_weight=pos_weight), acc
     logp = torch.log_softmax(logits, -1)
     want = targets / targets.sum(-1, keepdim=True).clamp(min=1)
     read = -(want * logp).sum(-1)[has].mean() if has.any() else logits.sum() * 0
@@ -403,7 +416,7 @@ class _Locator(torch.nn.Module):
         for b, (_, gh, gw) in enumerate(batch["image_grid_thw"].tolist()):  # one image per example
             pos = (ids[b] == image_id).nonzero().flatten()
             wm = gw // self.merge
-            cell = torch.arange(len(pos))
+            cell = torch.arange(len(pos), device=h.device)
             logits = self.proj(h[b, pos])
             out.append(torch.nn.functional.cross_entropy(logits[:, :self.ROWS], (cell // wm).clamp(max=self.ROWS - 1))
                        + torch.nn.functional.cross_entropy(logits[:, self.ROWS:], (cell % wm).clamp(max=self.COLS - 1)))
@@ -478,7 +491,8 @@ def self_feed_inputs(input_ids, labels, predicted, share: float, generator=None)
     """
     answer = labels[:, 1:] != -100
     answer &= labels[:, :-1] != -100  # the first answer token follows the prompt, not a prediction
-    pick = torch.rand(answer.shape, generator=generator) < share
+    # Drawn on the CPU (a CPU generator), then moved: the same draws on any device.
+    pick = (torch.rand(answer.shape, generator=generator) < share).to(answer.device)
     swap = answer & pick & (predicted != input_ids[:, 1:])
     out = input_ids.clone()
     out[:, 1:][swap] = predicted[swap]
@@ -494,11 +508,84 @@ def _examples(cfg: TargetTrainConfig, step: int, workloads: dict) -> list:
     return docs + charts
 
 
+def _train_workloads(cfg: TargetTrainConfig) -> dict:
+    return {name: get_workload(name, char_boxes=True, **cfg.workload_options.get(name, {}))
+            for name in ("docs", "charts")}
+
+
+def _step_inputs(cfg: TargetTrainConfig, step: int, workloads: dict, processor, merge: int, slots: int,
+                 want_where: bool, want_spelled: bool) -> dict:
+    """Everything training step ``step`` needs from its items, built on the CPU: the processor batch (labels
+    included), the reading targets (``want_where``), each example's ordered targets (``want_spelled`` or an
+    ``"ordered"`` reader) and the patch reader's targets."""
+    ordered = cfg.aux_loss == "ordered"
+    examples = _examples(cfg, step, workloads)
+    batch = make_batch(processor, examples)
+    # Reading targets come from the reference tokens (they are matched against the batch's ids).
+    where = reading_targets(processor, examples, batch) if want_where else None
+    grids = [tuple(g) for g in batch["image_grid_thw"][:, 1:].tolist()]  # one image per example
+    spelled = [ordered_targets(ex, g, merge, slots) for ex, g in zip(examples, grids)] if (
+        ordered or want_spelled) else None
+    aux_y = torch.cat(spelled if ordered else [aux_targets(ex, g, merge) for ex, g in zip(examples, grids)])
+    return {"batch": batch, "where": where, "spelled": spelled, "aux_y": aux_y}
+
+
+class _StepData(torch.utils.data.Dataset):
+    """Item ``i``: :func:`_step_inputs` of step ``start + i`` (what :func:`train_target`'s data workers build).
+
+    The workloads are built lazily in whichever process reads the first item, so each worker has its own.
+    """
+
+    def __init__(self, cfg: TargetTrainConfig, start: int, end: int, processor, merge: int, slots: int,
+                 want_where: bool, want_spelled: bool):
+        self.cfg, self.start, self.end, self.processor = cfg, start, end, processor
+        self.merge, self.slots, self.want_where, self.want_spelled = merge, slots, want_where, want_spelled
+        self._workloads = None
+
+    def __len__(self) -> int:
+        return max(self.end - self.start, 0)
+
+    def __getitem__(self, i: int) -> dict:
+        if self._workloads is None:
+            self._workloads = _train_workloads(self.cfg)
+        return _step_inputs(self.cfg, self.start + i, self._workloads, self.processor, self.merge, self.slots,
+                            self.want_where, self.want_spelled)
+
+
+def _to_device(x, device):
+    """``x`` (a tensor, or a dict / list of them, ``None`` kept) on ``device``."""
+    if torch.is_tensor(x):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_to_device(v, device) for v in x]
+    return x
+
+
+def _train_device(cfg: TargetTrainConfig) -> tuple:
+    """``(torch.device, amp dtype or None)`` of ``cfg``, checked before any work."""
+    from mmspec.errors import InvalidInputError
+
+    name = cfg.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and name.split(":")[0] != "cuda":
+        raise InvalidInputError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {cfg.device!r}")
+    if name != "cpu" and not torch.cuda.is_available():
+        raise InvalidInputError(f"device {cfg.device!r} asked for, but torch sees no CUDA device here")
+    if cfg.amp not in ("auto", "bf16", "none"):
+        raise InvalidInputError(f"amp must be 'auto', 'bf16' or 'none', got {cfg.amp!r}")
+    device = torch.device(name)
+    amp = cfg.amp if cfg.amp != "auto" else ("bf16" if device.type == "cuda" else "none")
+    return device, (torch.bfloat16 if amp == "bf16" else None)
+
+
 def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     """Train (or resume) the testbed target; writes ``save_pretrained`` checkpoints under ``cfg.out``.
 
-    Resumes from ``cfg.out/state.pt`` (optimizer, step; loaded with ``weights_only=True``) when present.
-    Returns the output folder.
+    Resumes from ``cfg.out/state.pt`` (optimizer, step; loaded with ``weights_only=True`` onto the CPU, so a
+    checkpoint written on a GPU resumes on a CPU and back) when present. Returns the output folder.
     """
     from tqdm import tqdm
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
@@ -513,6 +600,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         raise InvalidInputError("vision_only trains the tower on the patch reader's loss: aux_weight must be > 0")
     if not 0.0 <= cfg.self_feed <= 1.0:
         raise InvalidInputError(f"self_feed must be in [0, 1], got {cfg.self_feed}")
+    if cfg.data_workers < 0 or cfg.max_minutes < 0:
+        raise InvalidInputError(f"data_workers and max_minutes must be >= 0, got {cfg.data_workers}, {cfg.max_minutes}")
+    device, amp_dtype = _train_device(cfg)
+    began = time.monotonic()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     os.makedirs(cfg.out, exist_ok=True)
@@ -524,13 +615,22 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         processor = AutoProcessor.from_pretrained(src)
     else:
         model, processor = build_target(cfg.size, cfg.tokenizer_texts, cfg.vocab_size, seed=cfg.seed)
-    workloads = {name: get_workload(name, char_boxes=True, **cfg.workload_options.get(name, {}))
-                 for name in ("docs", "charts")}
+    model.to(device)
     merge = merge_size(processor)
     ordered = cfg.aux_loss == "ordered"
     slots = cfg.read_slots or 4 * merge
-    reader = PatchReader(model.config.text_config.hidden_size, len(CHARSET) + ordered, merge,
-                         cells=slots if ordered else 0)
+    tc = model.config.text_config
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    # Fresh probes drawn from cfg.seed on the CPU, whatever the caller's RNG and the device: two runs from the
+    # same --init start alike (a process's own seed is random), on a CPU as on a GPU.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        reader = PatchReader(tc.hidden_size, len(CHARSET) + ordered, merge, cells=slots if ordered else 0)
+        locator = _Locator(tc.hidden_size, merge)
+        speller = _Speller(tc.hidden_size)
+        relay = torch.nn.ModuleList([PatchReader(head_dim, len(CHARSET) + 1, merge, cells=slots)
+                                     for _ in range(max(len(_read_layers(cfg, tc.num_hidden_layers)), 1))])
+    reader, locator, speller, relay = (m.to(device) for m in (reader, locator, speller, relay))
     trained = model.model.visual if cfg.vision_only else model
     if cfg.vision_only:
         model.requires_grad_(False)
@@ -538,17 +638,11 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     params = list(trained.parameters()) + list(reader.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     start = 0
-    locator = _Locator(model.config.text_config.hidden_size, merge)
     loc_opt = torch.optim.AdamW(locator.parameters(), lr=cfg.lr)
-    speller = _Speller(model.config.text_config.hidden_size)
     spell_opt = torch.optim.AdamW(speller.parameters(), lr=cfg.lr)
-    tc = model.config.text_config
-    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    relay = torch.nn.ModuleList([PatchReader(head_dim, len(CHARSET) + 1, merge, cells=slots)
-                                 for _ in range(max(len(_read_layers(cfg, tc.num_hidden_layers)), 1))])
     relay_opt = torch.optim.AdamW(relay.parameters(), lr=cfg.lr)
     if resume:
-        saved = torch.load(state_path, weights_only=True)
+        saved = torch.load(state_path, map_location="cpu", weights_only=True)  # load_state_dict moves it
         opt.load_state_dict(saved["optimizer"])
         reader.load_state_dict(saved["reader"])
         if "locator" in saved:
@@ -569,8 +663,10 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             with open(os.path.join(cfg.init, "train_config.json")) as f:
                 init_loss = json.load(f).get("aux_loss", "bce")
         saved = {}
-        if os.path.isfile(os.path.join(cfg.init, "state.pt")):
-            saved = torch.load(os.path.join(cfg.init, "state.pt"), weights_only=True)
+        # probes.pt: the probes alone, what vision/assets/train_gpu.sh brings back (its state.pt is too big).
+        probes = [f for f in (os.path.join(cfg.init, n) for n in ("state.pt", "probes.pt")) if os.path.isfile(f)]
+        if probes:
+            saved = torch.load(probes[0], map_location="cpu", weights_only=True)
         if "locator" in saved:  # whatever the reader; its optimizer state stays behind: a new run gets a fresh one
             locator.load_state_dict(saved["locator"])
         if "speller" in saved:
@@ -600,7 +696,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             hooks.append(model.model.language_model.layers[li].self_attn.o_proj.register_forward_pre_hook(
                 lambda m, args, li=li: captured.__setitem__(("heads", li), args[0])))
     if spell_weight:
-        spell_table = spelling_table(processor.tokenizer)
+        spell_table = spelling_table(processor.tokenizer).to(device)
         hooks.append(model.model.language_model.layers[max(read_layers)].register_forward_hook(
             lambda m, a, out: captured.__setitem__("spell", out[0] if isinstance(out, tuple) else out)))
     if locate_weight:
@@ -618,64 +714,71 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
     trim_log(log_path, start)  # a killed job may have logged steps past its last checkpoint
     model.train()
     end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps  # the schedule still spans cfg.steps
+    want_where = bool(cfg.read_weight and read_layers)
+    data = _StepData(cfg, start, end, processor, merge, slots, want_where, bool(relay_weight))
+    if cfg.data_workers:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # each worker tokenises on its own
+    # Workers keep the step order (a map-style dataset, no shuffling): any worker count gives the same items.
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=cfg.data_workers,
+                                         prefetch_factor=4 if cfg.data_workers else None,
+                                         pin_memory=device.type == "cuda")
+    zero = torch.zeros((), device=device)
     bar = tqdm(range(start, end), initial=start, total=cfg.steps, disable=not progress, desc="target")
+    items = iter(loader)
     try:
         for step in bar:
             t0 = time.perf_counter()
-            examples = _examples(cfg, step, workloads)
-            batch = make_batch(processor, examples)
-            # Reading targets come from the reference tokens (they are matched against the batch's ids).
-            where = reading_targets(processor, examples, batch) if cfg.read_weight and read_layers else None
+            inputs = _to_device(next(items), device)
+            data_sec = time.perf_counter() - t0  # the loop waiting for its inputs: more workers when it is not ~0
+            batch, where, spelled, aux_y = inputs["batch"], inputs["where"], inputs["spelled"], inputs["aux_y"]
             fed = 0.0
-            if cfg.self_feed and not cfg.vision_only:
-                with torch.no_grad():
-                    first = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].argmax(-1)
-                batch["input_ids"], fed = self_feed_inputs(batch["input_ids"], batch["labels"], first, cfg.self_feed,
-                                                           feed_rng)
-            if cfg.vision_only:
-                model.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"])
-                lm_loss = torch.zeros(())
-            else:
-                lm_loss = model(**batch).loss
-            grids = [tuple(g) for g in batch["image_grid_thw"][:, 1:].tolist()]  # one image per example
-            spelled = [ordered_targets(ex, g, merge, slots) for ex, g in zip(examples, grids)] if (
-                ordered or relay_weight) else None
-            aux_y = torch.cat(spelled if ordered else [aux_targets(ex, g, merge) for ex, g in zip(examples, grids)])
-            # While the probes are new, they learn on detached features: a random probe's gradient would
-            # otherwise push a trained tower (and first layer) around before the probe knows anything.
-            warm = step < cfg.probe_warmup
-            aux_logits = reader(captured["h"].detach() if warm else captured["h"])
-            aux, aux_acc = patch_reading_loss(aux_logits, aux_y, cfg.aux_loss)
-            loss = lm_loss + cfg.aux_weight * aux
-            read = track = torch.zeros(())
-            if cfg.read_weight and read_layers:
-                b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
-                if len(b_idx):
-                    # Head 0 of each reading layer must put its attention on the image token being read.
-                    read = torch.stack([-torch.log(captured[("attn", li)][b_idx, 0, q_idx, where[b_idx, q_idx]] + 1e-6)
-                                        .mean() for li in read_layers]).mean()
-                    loss = loss + cfg.read_weight * read
-                if cfg.track_weight:
-                    # Position q shows the token predicted at q - 1: its cell is where[q - 1].
-                    current = torch.full_like(where, -1)
-                    current[:, 1:] = where[:, :-1]
-                    cb, cq = (current >= 0).nonzero(as_tuple=True)
-                    if len(cb):
-                        track = -torch.log(captured[("attn", track_layer)][cb, 1, cq, current[cb, cq]] + 1e-6).mean()
-                        loss = loss + cfg.track_weight * track
-            layer0 = captured["layer0"].detach() if warm and locate_weight else captured.get("layer0")
-            locate = locator.loss(layer0, batch, image_id) if locate_weight else torch.zeros(())
-            loss = loss + locate_weight * locate
-            spell_h = captured.get("spell")
-            spell_h = spell_h.detach() if warm and spell_h is not None else spell_h  # a fresh probe: see warm
-            spell, spell_acc = (speller.loss(spell_h, batch["labels"], spell_table) if spell_weight
-                                else (torch.zeros(()), 0.0))
-            loss = loss + spell_weight * spell
-            relay_loss, relay_acc = torch.zeros(()), 0.0
-            if relay_weight:
-                relay_loss, relay_acc = _relay_loss(relay, captured, read_layers, where, batch["input_ids"], spelled,
-                                                    image_id, head_dim, detach=warm)
-                loss = loss + relay_weight * relay_loss
+            with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext():
+                if cfg.self_feed and not cfg.vision_only:
+                    with torch.no_grad():
+                        first = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].argmax(-1)
+                    batch["input_ids"], fed = self_feed_inputs(batch["input_ids"], batch["labels"], first,
+                                                               cfg.self_feed, feed_rng)
+                if cfg.vision_only:
+                    model.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"])
+                    lm_loss = zero
+                else:
+                    lm_loss = model(**batch).loss
+                # While the probes are new, they learn on detached features: a random probe's gradient would
+                # otherwise push a trained tower (and first layer) around before the probe knows anything.
+                warm = step < cfg.probe_warmup
+                aux_logits = reader(captured["h"].detach() if warm else captured["h"])
+                aux, aux_acc = patch_reading_loss(aux_logits.float(), aux_y, cfg.aux_loss)
+                loss = lm_loss + cfg.aux_weight * aux
+                read = track = zero
+                if want_where:
+                    b_idx, q_idx = (where >= 0).nonzero(as_tuple=True)
+                    if len(b_idx):
+                        # Head 0 of each reading layer must put its attention on the image token being read.
+                        read = torch.stack([-torch.log(captured[("attn", li)][b_idx, 0, q_idx, where[b_idx, q_idx]]
+                                                       .float() + 1e-6).mean() for li in read_layers]).mean()
+                        loss = loss + cfg.read_weight * read
+                    if cfg.track_weight:
+                        # Position q shows the token predicted at q - 1: its cell is where[q - 1].
+                        current = torch.full_like(where, -1)
+                        current[:, 1:] = where[:, :-1]
+                        cb, cq = (current >= 0).nonzero(as_tuple=True)
+                        if len(cb):
+                            track = -torch.log(captured[("attn", track_layer)][cb, 1, cq, current[cb, cq]].float()
+                                               + 1e-6).mean()
+                            loss = loss + cfg.track_weight * track
+                layer0 = captured["layer0"].detach() if warm and locate_weight else captured.get("layer0")
+                locate = locator.loss(layer0, batch, image_id) if locate_weight else zero
+                loss = loss + locate_weight * locate
+                spell_h = captured.get("spell")
+                spell_h = spell_h.detach() if warm and spell_h is not None else spell_h  # a fresh probe: see warm
+                spell, spell_acc = (speller.loss(spell_h, batch["labels"], spell_table) if spell_weight
+                                    else (zero, 0.0))
+                loss = loss + spell_weight * spell
+                relay_loss, relay_acc = zero, 0.0
+                if relay_weight:
+                    relay_loss, relay_acc = _relay_loss(relay, captured, read_layers, where, batch["input_ids"],
+                                                        spelled, image_id, head_dim, detach=warm)
+                    loss = loss + relay_weight * relay_loss
             opt.zero_grad(set_to_none=True)
             loc_opt.zero_grad(set_to_none=True)
             spell_opt.zero_grad(set_to_none=True)
@@ -689,21 +792,30 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
             if relay_weight:
                 relay_opt.step()
             sched.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # kernels run asynchronously: time the step, not its launch
             rec = {"step": step + 1, "lm_loss": round(lm_loss.item(), 4), "aux_loss": round(aux.item(), 4),
                    "aux_acc": round(aux_acc, 4),
                    "read_loss": round(read.item(), 4), "track_loss": round(track.item(), 4),
                    "locate_loss": round(locate.item(), 4), "self_fed": round(fed, 4),
                    "spell_loss": round(spell.item(), 4), "spell_acc": round(spell_acc, 4),
                    "relay_loss": round(relay_loss.item(), 4), "relay_acc": round(relay_acc, 4),
-                   "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
+                   "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3),
+                   "data_sec": round(data_sec, 3)}
             bar.set_postfix(lm=rec["lm_loss"], aux=rec["aux_loss"], acc=rec["aux_acc"], read=rec["read_loss"],
-                            track=rec["track_loss"], loc=rec["locate_loss"])
+                            track=rec["track_loss"], loc=rec["locate_loss"], refresh=False)
             with open(log_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-            if (step + 1) % cfg.save_every == 0 or step + 1 == end:
+            out_of_time = bool(cfg.max_minutes) and time.monotonic() - began >= 60 * cfg.max_minutes
+            if (step + 1) % cfg.save_every == 0 or step + 1 == end or out_of_time:
                 _save(model, processor, reader, opt, step + 1, cfg, locator, loc_opt, speller, spell_opt, relay,
                       relay_opt)
+            if out_of_time:
+                if progress:
+                    print(f"testbed: {cfg.max_minutes} minutes spent: stopped and saved at step {step + 1}")
+                break
     finally:
+        del items  # ends the workers of a run stopped early
         for h in hooks:
             h.remove()
         model.set_attn_implementation({"text_config": "sdpa"})
