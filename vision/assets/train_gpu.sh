@@ -11,7 +11,11 @@
 #    GPU image may have none: items would then render in Pillow's bitmap font, another distribution), the list of
 #    font families this machine renders with, and the transformers wheel installed here (the image has 5.17,
 #    mmspec wants >= 5.20; WHEEL=0 skips it). It prints the size that will travel: tracked files + .carry must stay
-#    under the device's 64 MiB (on 2026-12-02 the tracked files alone were 64.4 MiB: make room first).
+#    under the device's 64 MiB (on 2026-12-02 the tracked files alone were 64.4 MiB: make room first, e.g. move
+#    the bundled weights the call does not read out of the checkout for the call and back after it:
+#      mkdir -p /tmp/aside && for f in vision/assets/testbed-vlm/model.safetensors image_ar/assets/world-classifier/model.safetensors
+#      drivers/assets/driving-vla/model.safetensors; do mkdir -p /tmp/aside/$(dirname $f); mv $f /tmp/aside/$f; done
+#    then, after the call: (cd /tmp/aside && find . -type f) | while read f; do mv /tmp/aside/$f $f; done).
 #
 # 2. ON THE DEVICE, one call of the device tool (schedule, batch and loss weights are yours; the command is one
 #    line of at most 2,000 characters). Building a step's inputs costs about 0.05 s per item on one core here
