@@ -131,3 +131,15 @@ python -m mmspec.vision.testbed train --out "${pair#*:}" --init "${pair%%:*}" --
     --save-every 50 --threads 1 --workload-options "$LINES_SCR"
 python vision/assets/probes/tf_scrambled.py "${pair#*:}" 16 0,1 line,block
 done
+# Session of 2026-12-02 (later): where the reading fails, and two shortcuts that were not ones.
+python vision/assets/probes/tf_by_tower.py "$W/relay-cont" 16 1.0 line,block
+python vision/assets/probes/hard_pointer.py "$W/relay-cont" 16 1.0 line,block
+# Learning-rate A/B from read3's step 200 (a copy of the folder at that step), other items (docs seed 1).
+python -m mmspec.vision.testbed train --out "$W/read3-lr1e3" --init "$W/read3-s200" --size small --steps 3000 \
+    --warmup 30 --batch-size 12 --lr 1e-3 --aux-weight 0.25 --aux-loss ordered --read-weight 0.5 --read-layers 2,3 \
+    --locate-weight 0.1 --track-weight 0.5 --spell-weight 1.0 --probe-warmup 0 --self-feed 0 --docs-fraction 0.9 \
+    --save-every 100 --stop-after 100 --threads 1 \
+    --workload-options '{"docs": {"mode": "mix", "line_fraction": 0.6, "block_fraction": 0.3, "scrambled_fraction": 0.5, "seed": 1}, "charts": {}}'
+for r in read3-s200 read3-lr1e3 read3-s300; do python vision/assets/probes/reading_head.py "$W/$r" 1.0 line,block; done
+# Exact characters in place of the tower: can the text model learn to copy from perfect vision tokens?
+python vision/assets/probes/clean_cells.py "$W/relay-cont" "$W/cells-warm-rand.jsonl" 100 3e-4 8 0.5 50 warm random
