@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from mmspec.drafters.base import DraftContext, Drafter
-from mmspec.errors import InvalidInputError
+from mmspec.errors import InvalidInputError, MMSpecError
 from mmspec.tree import DraftTree
 
 from .vla import StepCache, attention_mask_for
@@ -720,7 +720,8 @@ class FlashDriveEngine:
             model_inputs=model_inputs, keep_state=True)
         (new,), stats = res
         # The action expert reads batch row 0 of ``cache``: the tick's one row must be the one the state kept.
-        assert res.state_rows == [0], res.state_rows
+        if res.state_rows != [0]:  # not an assert: python -O must not let a wrong row reach the action expert
+            raise MMSpecError(f"speculative reasoning kept rows {res.state_rows} of a one-row tick, expected [0]")
         self.stats["spec_rounds"] += stats.rounds
         self.stats["spec_tokens"] += len(new) - 1
         if stats.rounds:  # the drafter began (a run that stops at its first token makes no round)

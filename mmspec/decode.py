@@ -65,6 +65,8 @@ class DecodeResult(tuple):
         >>> generated, stats = res
         >>> generated is res.generated, res.state_rows
         (True, [0, 2])
+        >>> repr(res).endswith("state_rows=[0, 2])")
+        True
     """
 
     def __new__(cls, generated: list, stats: SpecStats, state_rows=()):
@@ -74,6 +76,9 @@ class DecodeResult(tuple):
 
     def __getnewargs__(self):  # pickling and copying rebuild it with its rows (tuple's default would drop them)
         return (self[0], self[1], self.state_rows)
+
+    def __repr__(self) -> str:  # a plain tuple's repr would hide state_rows
+        return f"DecodeResult(generated={self[0]!r}, stats={self[1]!r}, state_rows={self.state_rows!r})"
 
     @property
     def generated(self) -> list:

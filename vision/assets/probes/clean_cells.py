@@ -1,6 +1,7 @@
 # Can the text model learn to copy when the image tokens are clean? The vision tower is replaced by the exact
 # characters of each merged token (ordered_targets), embedded as a sum over reading-order slots of a learnt
-# table E[slot, character] (initialised from the text model's own embedding of that character), so the text
+# table E[slot, character] (independent random vectors; "shared": the character's own text embedding in every
+# slot), so the text
 # model sees perfect, noise-free "vision tokens" at the real positions (M-RoPE and all). Trains the text model
 # and E on docs items (lm loss only) and reports teacher-forced accuracy on test items every EVAL steps.
 # If this learns to copy scrambled text fast, the real target's problem is the tower's features; if it does not,
@@ -26,6 +27,7 @@ emb = model.get_input_embeddings().weight.detach()
 tok = proc.tokenizer
 # Independent random vectors per (slot, character), at the embeddings' scale: a sum of them keeps which character
 # sits in which slot (a table shared across slots would give the text model an unordered bag of characters).
+torch.manual_seed(0)  # E and the items are then the same in every run
 E = torch.randn(slots, len(CHARSET) + 1, emb.shape[1]) * emb.std()
 if len(sys.argv) > 9 and sys.argv[9] == "shared":  # the first try: the character's own embedding in every slot
     E = torch.randn(slots, len(CHARSET) + 1, emb.shape[1]) * 0.01

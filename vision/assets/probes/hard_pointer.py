@@ -1,6 +1,7 @@
 # Does a sharper pointer fix reading? Teacher-forced accuracy on docs test items when head 0 of the reading layers
-# (2, 3) puts all its attention on one image token at every answer position: its own argmax ("hard"), or the token
-# the reading targets name ("oracle"), against the model as it is ("as is"). If "oracle" reads far better, the
+# (2, 3) puts all its attention on one image token at every answer position that has a reading target
+# (where >= 0): its own argmax ("hard"), or the token the reading targets name ("oracle"), against the model as
+# it is ("as is"). If "oracle" reads far better, the
 # values carry the characters and the soft pointer blurs them; if not, what the head passes on is the problem.
 # Usage: python vision/assets/probes/hard_pointer.py RUN_DIR [N] [SCRAMBLED_SHARE] [line,block] [LAYERS]
 import sys, torch
