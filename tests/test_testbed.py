@@ -2,6 +2,8 @@
 a resumable training run, and evaluation."""
 
 import json
+import math
+import multiprocessing
 
 import pytest
 import torch
@@ -507,8 +509,10 @@ def test_data_workers_and_a_time_budget_keep_the_losses(tiny, tmp_path):
     train_target(budget, progress=False)
     assert [r["step"] for r in _log(tmp_path / "workers")] == [1]  # the budget was spent after one step...
     assert torch.load(tmp_path / "workers" / "state.pt", weights_only=True)["step"] == 1  # ...which was saved
+    assert multiprocessing.active_children() == []  # the workers of the stopped run are gone
     budget.max_minutes = 0.0
     train_target(budget, progress=False)  # resumes at step 1, its workers starting from step 1's items
+    assert multiprocessing.active_children() == []
     plain, workers = _log(tmp_path / "plain"), _log(tmp_path / "workers")
     assert [r["step"] for r in workers] == [1, 2, 3] and plain == workers
     assert all(r["relay_loss"] > 0 and r["read_loss"] > 0 for r in workers)
@@ -527,6 +531,76 @@ def test_device_options_are_checked_before_training(tmp_path):
         with pytest.raises(InvalidInputError, match="no CUDA"):
             train_target(TargetTrainConfig(out=str(tmp_path), device="cuda"), progress=False)
     assert not (tmp_path / "train_log.jsonl").exists()
+
+
+def test_device_strings_and_bf16_support_are_checked_before_the_model_loads(tmp_path, monkeypatch):
+    """``cuda:x`` is an input error (torch.device would raise a RuntimeError), as are a GPU index past the ones
+    torch sees and bf16 on a GPU without it; the GPU side is checked here with torch's answers patched."""
+    from mmspec.errors import InvalidInputError
+    from mmspec.vision import testbed
+
+    for bad in ("cuda:x", "cuda:", "cuda:-1", "cuda:0:1", "gpu"):
+        with pytest.raises(InvalidInputError, match="device must be"):
+            train_target(TargetTrainConfig(out=str(tmp_path), device=bad), progress=False)
+    assert not (tmp_path / "train_log.jsonl").exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(testbed, "_cuda_bf16", lambda index: index == 0)  # cuda:0 has bf16, cuda:1 does not
+    with pytest.raises(InvalidInputError, match="sees 2 CUDA device"):
+        testbed._train_device(TargetTrainConfig(device="cuda:2"))
+    with pytest.raises(InvalidInputError, match="no native bfloat16"):
+        testbed._train_device(TargetTrainConfig(device="cuda:1", amp="bf16"))
+    assert testbed._train_device(TargetTrainConfig(device="cuda:1")) == (torch.device("cuda:1"), None)  # auto
+    assert testbed._train_device(TargetTrainConfig(device="cuda")) == (torch.device("cuda"), torch.bfloat16)
+    assert testbed._train_device(TargetTrainConfig(device="auto", amp="none")) == (torch.device("cuda"), None)
+
+
+def test_bf16_autocast_on_the_cpu_trains_and_saves_float32(tiny, tmp_path):
+    """The autocast path without a GPU: two bf16 steps on the CPU with finite losses; weights and probes are
+    saved in float32 and load back (the probes through load_probes). One short text line per step: the patch
+    embedding's bf16 Conv3d backward is slow on a CPU (about 16 s a step at batch 2 of pages and charts)."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from mmspec.vision.testbed import load_probes
+
+    model, proc = tiny
+    model.save_pretrained(tmp_path / "init")
+    proc.save_pretrained(tmp_path / "init")
+    cfg = TargetTrainConfig(out=str(tmp_path / "run"), init=str(tmp_path / "init"), steps=2, batch_size=1,
+                            docs_fraction=1.0, workload_options={"docs": {"mode": "line"}, "charts": {}},
+                            save_every=2, warmup=1, amp="bf16", relay_weight=0.5)
+    train_target(cfg, progress=False)
+    log = _log(tmp_path / "run")
+    assert [r["step"] for r in log] == [1, 2]
+    assert all(math.isfinite(v) for r in log for k, v in r.items() if k.endswith("_loss"))
+    assert all(r["lm_loss"] > 0 and r["relay_loss"] > 0 for r in log)
+    back = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path / "run")
+    assert {p.dtype for p in back.parameters()} == {torch.float32}
+    probes = load_probes(str(tmp_path / "run"))
+    assert set(probes) == {"reader", "locator", "relay"}
+    assert {t.dtype for state in probes.values() for t in state.values()} == {torch.float32}
+
+
+def test_probes_load_from_state_pt_else_probes_pt(tmp_path):
+    """load_probes: a run's state.pt first (its optimizer and step left out), else probes.pt (save_probes'), else
+    a clear error; the probe scripts' ordered reader refuses a reader of another kind by its shape."""
+    from mmspec.errors import InvalidInputError
+    from mmspec.vision.testbed import PatchReader, _ordered_reader, load_probes, save_probes
+
+    with pytest.raises(InvalidInputError, match="neither state.pt"):
+        load_probes(str(tmp_path))
+    assert load_probes(str(tmp_path), missing_ok=True) == {}
+    ordered = PatchReader(8, len(CHARSET) + 1, cells=6)
+    save_probes({"reader": ordered, "optimizer": {"state": {}}, "step": 3}, str(tmp_path / "probes.pt"))
+    assert set(torch.load(tmp_path / "probes.pt", weights_only=True)) == {"reader"}
+    assert _ordered_reader(load_probes(str(tmp_path)), 8, MERGE).cells == 6
+    torch.save({"reader": PatchReader(8).state_dict(), "locator": {"w": torch.ones(2)}, "optimizer": {}, "step": 1},
+               tmp_path / "state.pt")
+    probes = load_probes(str(tmp_path))
+    assert set(probes) == {"reader", "locator"}  # state.pt wins
+    with pytest.raises(InvalidInputError, match="not an 'ordered' one"):
+        _ordered_reader(probes, 8, MERGE, "run")
+    assert set(load_probes(str(tmp_path / "probes.pt"))) == {"reader"}  # a file by name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -552,7 +626,8 @@ def test_cuda_training_in_bf16_saves_float32_and_resumes_on_the_cpu(tiny, tmp_pa
 def test_train_gpu_script_round_trip_on_the_cpu(tiny, tmp_path):
     """vision/assets/train_gpu.sh as a future GPU session runs it, with DEVICE=cpu: prepare a carry folder from a
     checkpoint, train it for a tiny budget (a stop and a save, as on the device), pack the result into <= 15 MiB
-    parts, and unpack them into a checkpoint that loads in float32 and names the probes a run with --init reads."""
+    parts, and unpack them into a checkpoint that loads in float32 and names the probes a run with --init reads.
+    A carry prepared with other fonts stops the training process before any work (exit 2, nothing packed)."""
     import os
     import subprocess
     import sys
@@ -567,19 +642,26 @@ def test_train_gpu_script_round_trip_on_the_cpu(tiny, tmp_path):
                DEVICE="cpu", MINUTES="0.02", WORKERS="1", OUT=str(tmp_path / "out"), RUN_DIR=str(tmp_path / "run"))
     (tmp_path / "out").mkdir()
 
-    def sh(*args):
+    def sh(*args, rc=0):
         done = subprocess.run(["bash", script, *args], cwd=repo, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
+        assert done.returncode == rc, done.stderr[-3000:]
+        return done.stdout if rc == 0 else done.stderr
 
     assert "tracked files" in sh("prepare", str(tmp_path / "src"))
-    assert (tmp_path / "carry" / "fonts.txt").read_text().split() == __import__(
-        "mmspec.vision.workloads.render", fromlist=["font_families"]).font_families()
-    sh("train", "--size", "tiny", "--steps", "50", "--batch-size", "2", "--warmup", "1")
+    fonts = tmp_path / "carry" / "fonts.txt"
+    found = fonts.read_text()
+    assert found.split() == __import__("mmspec.vision.workloads.render", fromlist=["font_families"]).font_families()
+    fonts.write_text("no-such-family\n")  # another machine's fonts: the training process stops before any work
+    err = sh("train", "--steps", "50", rc=2)
+    assert "prepared: 'no-such-family'" in err and "no checkpoint" in err and not list((tmp_path / "out").iterdir())
+    fonts.write_text(found)
+    # MINUTES=0.02 from the script's start is spent before training starts: it runs its one step and stops.
+    sh("train", "--steps", "50", "--batch-size", "2", "--warmup", "1")
     parts = sorted((tmp_path / "out").glob("ckpt.tar.part-*"))
     assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
     summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())
     assert 1 <= summary["steps"] < 50 and summary["weights_dtype"] == "float32"  # stopped by the budget
+    assert summary["train_rc"] == 0
     sh("unpack", str(tmp_path / "out"), str(tmp_path / "back"))
     back = tmp_path / "back"
     assert json.loads((back / "train_config.json").read_text())["device"] == "cpu"

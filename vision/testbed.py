@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -36,7 +37,7 @@ from mmspec.workloads import get_workload
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
            "patch_reading_loss", "reading_targets", "ordered_targets", "spelling_table", "train_target", "evaluate",
            "grounding", "reference_ids", "reference_tau", "export_target", "bundled_target", "bundled_eagle",
-           "PatchReader", "CHARSET",
+           "PatchReader", "CHARSET", "PROBES", "load_probes", "save_probes",
            "self_feed_inputs"]
 
 CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -297,11 +298,15 @@ class TargetTrainConfig:
     layer): the head's values have to carry what the token shows, not only where it is.
     ``device``: ``"cpu"``, ``"cuda"`` (or ``"cuda:N"``) or ``"auto"`` (cuda when available): the model, the probes
     and every batch tensor live there. ``amp``: ``"bf16"`` autocasts forward and losses to bfloat16 (master
-    weights and the saved checkpoint stay float32), ``"none"`` runs float32; ``"auto"``: bf16 on cuda, none on cpu.
+    weights and the saved checkpoint stay float32; refused on a GPU without native bfloat16), ``"none"`` runs
+    float32; ``"auto"``: bf16 on a cuda device that has it, none otherwise (and on the cpu).
     ``data_workers``: processes that render the items and build each step's inputs (batch, reading and reader
     targets) ahead of the loop, so the device never waits on Pillow; 0 builds them in the loop. The items of a
     step depend on the step alone: any number of workers logs the same losses. ``max_minutes``: stop cleanly
     (checkpoint saved) once that much wall-clock time has passed since the call began (0: no budget).
+    ``seed``: also draws the fresh probes (reader, locator, speller, relay; since 2026-12-02, before that from the
+    global RNG after :func:`build_target`), so runs from before 2026-12-02 without ``--init`` probes do not
+    reproduce their probe initialisation bit for bit.
     """
 
     out: str = "testbed-target"
@@ -393,6 +398,74 @@ class PatchReader(torch.nn.Module):
 
     def forward(self, h):
         return self.proj(h).view(h.shape[0], self.cells, self.n_classes)
+
+
+PROBES = ("reader", "locator", "speller", "relay")
+
+
+def load_probes(path: str, missing_ok: bool = False) -> dict:
+    """The training probes (:data:`PROBES`: patch reader, locator, speller, relay; state dicts, on the CPU) of a
+    checkpoint folder: its ``state.pt`` (a training run's: optimizer and step are left out), else its ``probes.pt``
+    (what :func:`save_probes` writes, e.g. ``vision/assets/train_gpu.sh``). ``path`` may also name the file.
+
+    Loaded with ``weights_only=True`` and ``map_location="cpu"``: a checkpoint written on a GPU reads here.
+    Neither file: :class:`~mmspec.errors.InvalidInputError`, or ``{}`` with ``missing_ok``.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> path = save_probes({"reader": PatchReader(8, 5), "optimizer": {}, "step": 3}, f"{folder}/probes.pt")
+        >>> probes = load_probes(folder)
+        >>> sorted(probes), probes["reader"]["proj.weight"].shape
+        (['reader'], torch.Size([20, 8]))
+        >>> load_probes(f"{folder}/none", missing_ok=True)
+        {}
+    """
+    from mmspec.errors import InvalidInputError
+
+    files = [path] if os.path.isfile(path) else [os.path.join(path, n) for n in ("state.pt", "probes.pt")]
+    found = next((f for f in files if os.path.isfile(f)), None)
+    if found is None:
+        if missing_ok:
+            return {}
+        raise InvalidInputError(f"no probes in {path}: neither state.pt (a training run's) nor probes.pt "
+                                f"(train_gpu.sh's) is there")
+    saved = torch.load(found, map_location="cpu", weights_only=True)
+    return {k: saved[k] for k in PROBES if k in saved}
+
+
+def save_probes(probes: dict, path: str) -> str:
+    """Write the :data:`PROBES` among ``probes`` (state dicts or modules; anything else, e.g. an optimizer or a
+    step, is left out) to the file ``path``, on the CPU, atomically (a temporary file, then a rename); returns
+    ``path``. Read back with :func:`load_probes`. Example: see :func:`load_probes`.
+    """
+    out = {}
+    for k in PROBES:
+        if k in probes:
+            state = probes[k].state_dict() if isinstance(probes[k], torch.nn.Module) else probes[k]
+            out[k] = {n: t.detach().cpu() for n, t in state.items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(out, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def _ordered_reader(probes: dict, hidden: int, merge: int, where: str = "the checkpoint") -> PatchReader:
+    """The ``"ordered"`` patch reader among ``probes`` (:func:`load_probes`), built and loaded; a clear
+    :class:`~mmspec.errors.InvalidInputError` when there is none (a softmax or bce reader has ``merge**2`` x 95
+    outputs, an ordered one ``slots`` x 96). Used by the probe scripts under ``vision/assets/probes``."""
+    from mmspec.errors import InvalidInputError
+
+    if "reader" not in probes:
+        raise InvalidInputError(f"{where} has no patch reader among its probes")
+    rows, width = probes["reader"]["proj.weight"].shape
+    if rows % (len(CHARSET) + 1) or width != hidden:
+        raise InvalidInputError(
+            f"the patch reader of {where} is not an 'ordered' one ({rows} x {width} weights; an ordered reader has "
+            f"slots x {len(CHARSET) + 1} rows of width {hidden}): train it with --aux-loss ordered")
+    reader = PatchReader(hidden, len(CHARSET) + 1, merge, cells=rows // (len(CHARSET) + 1))
+    reader.load_state_dict(probes["reader"])
+    return reader
 
 
 class _Locator(torch.nn.Module):
@@ -570,15 +643,32 @@ def _train_device(cfg: TargetTrainConfig) -> tuple:
     name = cfg.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name != "cpu" and name.split(":")[0] != "cuda":
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", name):  # torch.device("cuda:x") would raise a RuntimeError
         raise InvalidInputError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {cfg.device!r}")
-    if name != "cpu" and not torch.cuda.is_available():
-        raise InvalidInputError(f"device {cfg.device!r} asked for, but torch sees no CUDA device here")
     if cfg.amp not in ("auto", "bf16", "none"):
         raise InvalidInputError(f"amp must be 'auto', 'bf16' or 'none', got {cfg.amp!r}")
     device = torch.device(name)
-    amp = cfg.amp if cfg.amp != "auto" else ("bf16" if device.type == "cuda" else "none")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidInputError(f"device {cfg.device!r} asked for, but torch sees no CUDA device here")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise InvalidInputError(f"device {cfg.device!r} asked for, but torch sees {count} CUDA device(s) "
+                                    f"(cuda:0 to cuda:{count - 1})")
+        bf16 = _cuda_bf16(device.index or 0)
+        if cfg.amp == "bf16" and not bf16:
+            raise InvalidInputError(f"amp 'bf16' asked for, but {cfg.device!r} has no native bfloat16 support "
+                                    f"(torch.cuda.is_bf16_supported): use amp 'none' (float32)")
+        amp = cfg.amp if cfg.amp != "auto" else ("bf16" if bf16 else "none")
+    else:
+        amp = cfg.amp if cfg.amp != "auto" else "none"
     return device, (torch.bfloat16 if amp == "bf16" else None)
+
+
+def _cuda_bf16(index: int) -> bool:
+    """Whether CUDA device ``index`` computes in bfloat16 natively (emulated bf16 would only be slower)."""
+    with torch.cuda.device(index):
+        return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
@@ -662,11 +752,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         if os.path.isfile(os.path.join(cfg.init, "train_config.json")):
             with open(os.path.join(cfg.init, "train_config.json")) as f:
                 init_loss = json.load(f).get("aux_loss", "bce")
-        saved = {}
         # probes.pt: the probes alone, what vision/assets/train_gpu.sh brings back (its state.pt is too big).
-        probes = [f for f in (os.path.join(cfg.init, n) for n in ("state.pt", "probes.pt")) if os.path.isfile(f)]
-        if probes:
-            saved = torch.load(probes[0], map_location="cpu", weights_only=True)
+        saved = load_probes(cfg.init, missing_ok=True)
         if "locator" in saved:  # whatever the reader; its optimizer state stays behind: a new run gets a fresh one
             locator.load_state_dict(saved["locator"])
         if "speller" in saved:
@@ -680,7 +767,8 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
                 reader.proj.weight.shape:
             reader.load_state_dict(saved["reader"])
         elif progress:
-            print(f"testbed: patch reader starts fresh ({cfg.init} has no state.pt with an {cfg.aux_loss} reader)")
+            print(f"testbed: patch reader starts fresh ({cfg.init} has no state.pt or probes.pt with an {cfg.aux_loss} "
+                  "reader)")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
     for _ in range(start):
         sched.step()
@@ -720,7 +808,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # each worker tokenises on its own
     # Workers keep the step order (a map-style dataset, no shuffling): any worker count gives the same items.
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=cfg.data_workers,
-                                         prefetch_factor=4 if cfg.data_workers else None,
+                                         prefetch_factor=2 if cfg.data_workers else None,
                                          pin_memory=device.type == "cuda")
     zero = torch.zeros((), device=device)
     bar = tqdm(range(start, end), initial=start, total=cfg.steps, disable=not progress, desc="target")
@@ -1126,10 +1214,9 @@ def grow_target(src: str, out: str, text_layers: int = 0, vision_depth: int = 0,
     grown.save_pretrained(out)
     processor.save_pretrained(out)
     copy_training_files(src, out)
-    state_path = os.path.join(src, "state.pt")
-    if os.path.isfile(state_path):  # the probes read the merger's output and layer 0, whose sizes do not change
-        saved = torch.load(state_path, weights_only=True)
-        torch.save({k: saved[k] for k in ("reader", "locator") if k in saved}, os.path.join(out, "state.pt"))
+    saved = load_probes(src, missing_ok=True)
+    if saved:  # the probes read the merger's output and layer 0, whose sizes do not change
+        save_probes({k: saved[k] for k in ("reader", "locator") if k in saved}, os.path.join(out, "state.pt"))
     if progress:
         print(f"testbed: grew {src} to {text_layers} text layers ({n_text} before) and {vision_depth} vision blocks "
               f"({n_vis} before) in {out}")
@@ -1222,9 +1309,9 @@ def ungroup_kv_target(src: str, out: str, progress: bool = True) -> str:
     new.save_pretrained(out)
     processor.save_pretrained(out)
     copy_training_files(src, out)
-    if os.path.isfile(os.path.join(src, "state.pt")):
-        saved = torch.load(os.path.join(src, "state.pt"), weights_only=True)
-        torch.save({k: v for k, v in saved.items() if "optimizer" not in k}, os.path.join(out, "state.pt"))
+    saved = load_probes(src, missing_ok=True)
+    if saved:
+        save_probes(saved, os.path.join(out, "state.pt"))
     if progress:
         print(f"testbed: {src} with {heads} key-value heads (was {kv}) in {out}")
     return out

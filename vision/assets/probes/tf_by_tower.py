@@ -1,22 +1,25 @@
 # Is the tower what limits reading? Teacher-forced accuracy of the next answer token on docs test items, split by
-# whether the tower's own "ordered" reader (the run's state.pt) reads the vision token being read (reading_targets)
-# exactly. If the text model read whatever the tower shows, accuracy would be high where the tower is right.
+# whether the tower's own "ordered" reader (the run's state.pt or probes.pt) reads the vision token being read
+# (reading_targets) exactly. If the text model read whatever the tower shows, accuracy would be high where the tower
+# is right.
 # Usage: python vision/assets/probes/tf_by_tower.py RUN_DIR [N] [SCRAMBLED_SHARE] [line,block,page]
 import os, sys, torch
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-from mmspec.vision.testbed import CHARSET, PatchReader, make_batch, merge_size, ordered_targets, reading_targets
+from mmspec.vision.testbed import _ordered_reader, load_probes, make_batch, merge_size, ordered_targets, reading_targets
+from mmspec.errors import InvalidInputError
 from mmspec.workloads import get_workload
 path = sys.argv[1]; n = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 scr = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
 MODES = (sys.argv[4] if len(sys.argv) > 4 else "line,block").split(",")
 model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
 proc = AutoProcessor.from_pretrained(path)
-state = torch.load(os.path.join(path, "state.pt"), weights_only=True)["reader"]
-slots = state["proj.weight"].shape[0] // (len(CHARSET) + 1)
 merge = merge_size(proc)
-reader = PatchReader(model.config.text_config.hidden_size, len(CHARSET) + 1, merge, cells=slots)
-reader.load_state_dict(state)
+try:  # the run's state.pt, or the probes.pt of a train_gpu.sh checkpoint; an "ordered" reader only
+    reader = _ordered_reader(load_probes(path), model.config.text_config.hidden_size, merge, path)
+except InvalidInputError as e:
+    sys.exit(f"{os.path.basename(sys.argv[0])}: {e}")
+slots = reader.cells
 cap = {}
 model.model.visual.register_forward_hook(lambda m, a, o: cap.__setitem__("h", o.pooler_output))
 image_id = proc.tokenizer.convert_tokens_to_ids(proc.image_token)

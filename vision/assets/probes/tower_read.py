@@ -1,20 +1,22 @@
-# How well the vision tower alone reads: the "ordered" reader of a vision-only run (its state.pt) writes each merged
-# token's characters in order; per-character accuracy and the share of tokens read exactly, on docs test items with
-# real and scrambled text. Usage: python vision/assets/probes/tower_read.py RUN_DIR [N] [line,block,page]
+# How well the vision tower alone reads: the "ordered" reader of a vision-only run (its state.pt or probes.pt) writes
+# each merged token's characters in order; per-character accuracy and the share of tokens read exactly, on docs test
+# items with real and scrambled text. Usage: python vision/assets/probes/tower_read.py RUN_DIR [N] [line,block,page]
 import os, sys, torch
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-from mmspec.vision.testbed import CHARSET, PatchReader, make_batch, merge_size, ordered_targets
+from mmspec.vision.testbed import _ordered_reader, load_probes, make_batch, merge_size, ordered_targets
+from mmspec.errors import InvalidInputError
 from mmspec.workloads import get_workload
 path = sys.argv[1]; n = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 MODES = (sys.argv[3] if len(sys.argv) > 3 else "line,block,page").split(",")
 model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
 proc = AutoProcessor.from_pretrained(path)
-state = torch.load(os.path.join(path, "state.pt"), weights_only=True)["reader"]
-slots = state["proj.weight"].shape[0] // (len(CHARSET) + 1)
 merge = merge_size(proc)
-reader = PatchReader(model.config.text_config.hidden_size, len(CHARSET) + 1, merge, cells=slots)
-reader.load_state_dict(state)
+try:  # the run's state.pt, or the probes.pt of a train_gpu.sh checkpoint; an "ordered" reader only
+    reader = _ordered_reader(load_probes(path), model.config.text_config.hidden_size, merge, path)
+except InvalidInputError as e:
+    sys.exit(f"{os.path.basename(sys.argv[0])}: {e}")
+slots = reader.cells
 for scr in (0.0, 1.0):
     for mode in MODES:
         wl = get_workload("docs", mode=mode, scrambled_fraction=scr, char_boxes=True)
