@@ -1171,7 +1171,6 @@ def grow_target(src: str, out: str, text_layers: int = 0, vision_depth: int = 0,
     """
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
-    from mmspec.checkpoints import copy_training_files
     from mmspec.errors import InvalidInputError
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
@@ -1209,18 +1208,27 @@ def grow_target(src: str, out: str, text_layers: int = 0, vision_depth: int = 0,
     if missing:
         raise InvalidInputError(f"grow_target: weights of {src} without a place in the grown model: {missing[:4]}")
     grown.load_state_dict(new_state)
-    grown.generation_config = model.generation_config
-    os.makedirs(out, exist_ok=True)
-    grown.save_pretrained(out)
-    processor.save_pretrained(out)
-    copy_training_files(src, out)
-    saved = load_probes(src, missing_ok=True)
-    if saved:  # the probes read the merger's output and layer 0, whose sizes do not change
-        save_probes({k: saved[k] for k in ("reader", "locator") if k in saved}, os.path.join(out, "state.pt"))
+    # The probes read the merger's output and layer 0, whose sizes do not change.
+    _write_derived(grown, model, processor, src, out, probes=("reader", "locator"))
     if progress:
         print(f"testbed: grew {src} to {text_layers} text layers ({n_text} before) and {vision_depth} vision blocks "
               f"({n_vis} before) in {out}")
     return out
+
+
+def _write_derived(new, model, processor, src: str, out: str, probes=None) -> None:
+    """Save ``new`` (a model computing what ``model``, loaded from ``src``, computes) to ``out`` as a checkpoint of
+    its own: weights, processor, training files, and ``src``'s probes (only the names in ``probes`` when given)."""
+    from mmspec.checkpoints import copy_training_files
+
+    new.generation_config = model.generation_config
+    os.makedirs(out, exist_ok=True)
+    new.save_pretrained(out)
+    processor.save_pretrained(out)
+    copy_training_files(src, out)
+    saved = load_probes(src, missing_ok=True)
+    if saved:
+        save_probes({k: v for k, v in saved.items() if probes is None or k in probes}, os.path.join(out, "state.pt"))
 
 
 def remerge_target(src: str, out: str, merge: int = 1, progress: bool = True) -> str:
@@ -1282,11 +1290,7 @@ def ungroup_kv_target(src: str, out: str, progress: bool = True) -> str:
     Example:
         >>> ungroup_kv_target("vision/assets/testbed-vlm", "/tmp/kv6")  # doctest: +SKIP
     """
-    import shutil
-
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-
-    from mmspec.checkpoints import copy_training_files
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(src, dtype=torch.float32)
     processor = AutoProcessor.from_pretrained(src)
@@ -1304,14 +1308,7 @@ def ungroup_kv_target(src: str, out: str, progress: bool = True) -> str:
             value = value.view(kv, -1, *value.shape[1:]).repeat_interleave(rep, dim=0).reshape(new_state[key].shape)
         new_state[key] = value.clone()
     new.load_state_dict(new_state)
-    new.generation_config = model.generation_config
-    os.makedirs(out, exist_ok=True)
-    new.save_pretrained(out)
-    processor.save_pretrained(out)
-    copy_training_files(src, out)
-    saved = load_probes(src, missing_ok=True)
-    if saved:
-        save_probes(saved, os.path.join(out, "state.pt"))
+    _write_derived(new, model, processor, src, out)
     if progress:
         print(f"testbed: {src} with {heads} key-value heads (was {kv}) in {out}")
     return out
