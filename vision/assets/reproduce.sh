@@ -143,3 +143,13 @@ python -m mmspec.vision.testbed train --out "$W/read3-lr1e3" --init "$W/read3-s2
 for r in read3-s200 read3-lr1e3 read3-s300; do python vision/assets/probes/reading_head.py "$W/$r" 1.0 line,block; done
 # Exact characters in place of the tower: can the text model learn to copy from perfect vision tokens?
 python vision/assets/probes/clean_cells.py "$W/relay-cont" "$W/cells-warm-rand.jsonl" 100 3e-4 8 0.5 50 warm random
+# Session of 2026-12-02 (eighth): read3 at step 400 (a copy of the folder at that step), how the tokenizer segments
+# real and scrambled answers, and a from-scratch lines run (stopped at step 597, where its figures were taken).
+python vision/assets/probes/reading_head.py "$W/read3-s400" 1.0 line,block
+python vision/assets/probes/tf_scrambled.py "$W/read3-s400" 16 0 line,block,page
+python vision/assets/probes/token_chars.py "$W/read3-s400" 16
+python -m mmspec.vision.testbed train --out "$W/scratch" --size small --steps 3000 --stop-after 597 \
+    --warmup 100 --batch-size 16 --lr 1e-3 --aux-weight 0.5 --aux-loss ordered --read-weight 0.5 --read-layers 2,3 \
+    --locate-weight 0.5 --track-weight 0.5 --spell-weight 0.5 --relay-weight 0.5 --self-feed 0 --docs-fraction 1.0 \
+    --save-every 50 --threads 1 --workload-options '{"docs": {"mode": "line", "scrambled_fraction": 1.0}, "charts": {}}'
+python vision/assets/probes/tf_scrambled.py "$W/scratch" 16 1 line
