@@ -153,3 +153,4 @@ python -m mmspec.vision.testbed train --out "$W/scratch" --size small --steps 30
     --locate-weight 0.5 --track-weight 0.5 --spell-weight 0.5 --relay-weight 0.5 --self-feed 0 --docs-fraction 1.0 \
     --save-every 50 --threads 1 --workload-options '{"docs": {"mode": "line", "scrambled_fraction": 1.0}, "charts": {}}'
 python vision/assets/probes/tf_scrambled.py "$W/scratch" 16 1 line
+python -m mmspec.vision.testbed eval --model "$W/read3-s400" --n 16 --max-new-tokens 128 --workload docs,charts --reference-tau --dtype float32 --threads 1
