@@ -123,6 +123,7 @@ class SpatialDrafter(TrainableDrafter):
                                 k_v=max(self.k_v, 1), num_layers=self.num_layers,
                                 intermediate_size=intermediate_size, rms_eps=self.rms_eps)
         self.offset, self.vocab = 0, None
+        self._plans: dict = {}  # (n_done, k_h, k_v, draft_len) -> (plan, slot_inputs): fixed by the grid
         self._reset_run()
 
     # ------------------------------------------------------------------ construction / saving
@@ -209,6 +210,7 @@ class SpatialDrafter(TrainableDrafter):
     def _reset_run(self) -> None:
         self._feats = self._codes = None  # [rows, N, H] / [rows, N]: feat and code index of every committed slot
         self._n: dict = {}  # row -> committed image slots whose feats are stored (feats[r, :n] valid)
+        self._n_codes: dict = {}  # row -> committed codes already written to codes[r]
         self._paths: dict = {}  # row -> accepted path of the last pass (ingested at the next propose)
         self._carry: dict = {}  # lossy mode: row -> [(token, q)] corrected drafts awaiting their next pass
         self._passes: dict = {}  # lossy mode: row -> correction passes its carried block has had
@@ -231,28 +233,43 @@ class SpatialDrafter(TrainableDrafter):
         h = self._layer(ctx)
         rows = max(ctx.rows) + 1
         n = len(self.raster)
-        dev = self.head.out.weight.device
-        self._feats = torch.zeros(rows, n + 1, self.hidden_size, dtype=self.head.out.weight.dtype, device=dev)
+        dev, dtype = self.head.out.weight.device, self.head.out.weight.dtype
+        self._feats = torch.zeros(rows, n + 1, self.hidden_size, dtype=dtype, device=dev)
         self._codes = torch.full((rows, n + 1), self.n_codes, dtype=torch.long, device=dev)
         for i, r in enumerate(ctx.rows):
             self._feats[r, 0] = h[i, -1]  # the last prompt position (left padding): it gave code 0
             self._n[r] = 1
+            self._n_codes[r] = 0
 
     def _ingest(self, ctx: DraftContext) -> None:
-        """Store the feats of the slots the last pass committed (root and accepted path) and every new code."""
+        """Store the feats of the slots the last pass committed (root and accepted path) and the new codes."""
         h = self._layer(ctx) if self._paths else None
         for i, r in enumerate(ctx.rows):
             path = self._paths.pop(r, None)
             n = self._n[r]
             if path is not None:
-                idx = torch.tensor([0] + [1 + p for p in path], device=h.device)
-                k = min(len(idx), self._feats.shape[1] - n)
-                self._feats[r, n: n + k] = h[i, idx[:k]].to(self._feats.dtype)
+                k = min(len(path) + 1, self._feats.shape[1] - n)
+                if path == list(range(len(path))):  # a chain accepted from its start: a slice, no gather
+                    src = h[i, :k]
+                else:
+                    src = h[i, torch.tensor([0] + [1 + p for p in path][: k - 1], device=h.device)]
+                self._feats[r, n: n + k] = src.to(self._feats.dtype)
                 self._n[r] = n + k
             gen = ctx.sequences[i][ctx.prompt_lengths[i]:]
-            done = min(len(gen), self._codes.shape[1])
-            c = torch.as_tensor(gen[:done], dtype=torch.long, device=self._codes.device) - self.offset
-            self._codes[r, :done] = torch.where((c >= 0) & (c < self.n_codes), c, self.n_codes)
+            old, done = self._n_codes[r], min(len(gen), self._codes.shape[1])
+            if done > old:  # committed codes never change: only the new ones are written
+                c = torch.as_tensor(gen[old:done], dtype=torch.long, device=self._codes.device) - self.offset
+                self._codes[r, old:done] = torch.where((c >= 0) & (c < self.n_codes), c, self.n_codes)
+                self._n_codes[r] = done
+
+    def _plan(self, n_done: int) -> tuple:
+        """The scheduler's plan after ``n_done`` committed slots and the head's inputs of its code slots
+        (:func:`slot_inputs`), computed once per ``n_done`` and run-time setting (they depend on nothing else)."""
+        key = (n_done, self.k_h, self.k_v, self.draft_len)
+        if key not in self._plans:
+            plan = self.scheduler.plan(n_done)
+            self._plans[key] = (plan, slot_inputs(plan, n_done, self.raster, self.k_v))
+        return self._plans[key]
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> list:
@@ -269,7 +286,7 @@ class SpatialDrafter(TrainableDrafter):
             if room <= 0 or n_done >= len(self.raster):
                 trees[i] = DraftTree.empty()
                 continue
-            plans[i] = self.scheduler.plan(n_done)[:room]
+            plans[i] = (n_done, room)
         if plans:
             self._draft(ctx, plans, trees)
         return trees
@@ -289,20 +306,25 @@ class SpatialDrafter(TrainableDrafter):
         """Every planned slot of every row in one head call; newline slots forced; with ``jacobi``, slots the last
         pass already scored (past its first rejection) take the target's own draft from that pass instead."""
         sampled = ctx.do_sample and self.draft == "sample"  # else deterministic drafts (a one-hot q)
-        cols = {k: [] for k in ("slot_row", "seq", "last", "above", "delta", "dv", "row", "col")}
-        for i, plan in plans.items():
+        keys = ("slot_row", "last", "above", "delta", "dv", "row", "col")
+        cols = {k: [] for k in keys}
+        row_plans = {}
+        for i, (n_done, room) in plans.items():
             r = ctx.rows[i]
-            n_done = len(ctx.sequences[i]) - ctx.prompt_lengths[i]
+            full, ins = self._plan(n_done)
+            plan = full[:room]
+            row_plans[i] = plan
             stale = self._stale.get(r, {})
-            ins = slot_inputs([x for x in plan if x.seq not in stale], n_done, self.raster, self.k_v)
-            cols["slot_row"] += [r] * len(ins["seq"])
-            for k, v in ins.items():
-                cols[k] += v
+            end = plan[-1].seq if plan else -1
+            pick = [j for j, seq in enumerate(ins["seq"]) if seq <= end and seq not in stale]
+            cols["slot_row"] += [r] * len(pick)
+            for k in keys[1:]:
+                v = ins[k]
+                cols[k] += [v[j] for j in pick]
         dev = self._feats.device
-        if cols["seq"]:
-            t = {k: torch.tensor(v, dtype=torch.long, device=dev) for k, v in cols.items()}
-            logits = self.head(self._feats, self._codes, t["slot_row"], t["last"], t["above"], t["delta"], t["dv"],
-                               t["row"], t["col"])
+        if cols["slot_row"]:
+            t = torch.tensor([cols[k] for k in keys], dtype=torch.long, device=dev)
+            logits = self.head(self._feats, self._codes, *t)
             if sampled:
                 q = torch.softmax(logits / self.draft_temperature, dim=-1)
                 g = ctx.generator
@@ -312,17 +334,19 @@ class SpatialDrafter(TrainableDrafter):
             else:
                 draws = logits.argmax(dim=-1).tolist()
         k = 0
-        for i, plan in plans.items():
+        for i, plan in row_plans.items():
             stale = self._stale.pop(ctx.rows[i], {})
             tokens, probs = [], []
             for slot in plan:
                 if slot.cell is None:
                     tokens.append(self.newline_token)
-                    probs.append(_one_hot(self.newline_token, self.vocab))
+                    if sampled:
+                        probs.append(_one_hot(self.newline_token, self.vocab))
                 elif slot.seq in stale:
                     tok, q_stale = stale[slot.seq]
                     tokens.append(tok)
-                    probs.append(q_stale if q_stale is not None else _one_hot(tok, self.vocab))
+                    if sampled:
+                        probs.append(q_stale if q_stale is not None else _one_hot(tok, self.vocab))
                     self._counts["jacobi"] += 1
                 else:
                     tokens.append(self.offset + int(draws[k]))

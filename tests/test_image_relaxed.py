@@ -180,3 +180,28 @@ def test_walk_follows_the_rule(make):
         r = rule.residual(_t(P), _t(Q), x)
         r = (r / r.sum()).tolist()
         assert chisq_pvalue(rejected, dict(enumerate(r)), sum(rejected.values())) > 1e-3
+
+
+def test_batched_chain_walk_draws_what_the_core_walk_draws():
+    """CSD scores a chain's nodes in one call (RelaxedRule.accept); the walk must still draw exactly what the core's
+    node-by-node walk draws from the same seed (path and next token), with sampled and deterministic drafts, with
+    early rejections and whole chains accepted."""
+    from mmspec.acceptance import SpeculativeSamplingRule
+
+    torch.manual_seed(0)
+    seen = Counter()
+    for trial in range(300):
+        n, v = 1 + trial % 7, 10
+        scores = torch.randn(n + 1, v) * (0.5 + trial % 3)
+        p = torch.softmax(scores, dim=-1)
+        tokens = torch.multinomial(p[:n], 1).squeeze(-1).tolist()  # drafts the target often keeps
+        q = torch.softmax(torch.randn(n, v), dim=-1) if trial % 2 else None
+        if q is not None and trial % 4 == 1:
+            q[0, tokens[0]] = 0.0  # a token its q could not have made: walked as a one-hot proposal
+        tree = DraftTree.from_chain(tokens, q)
+        rule = CSDRule(weight=0.3, tv_gate=0.9)
+        got = rule.accept(tree, scores, torch.Generator().manual_seed(trial))
+        want = SpeculativeSamplingRule.accept(rule, tree, scores, torch.Generator().manual_seed(trial))
+        assert got == want, (trial, got, want)
+        seen[len(got.path) == n] += 1
+    assert seen[True] > 20 and seen[False] > 20, seen
