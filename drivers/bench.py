@@ -56,17 +56,23 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
 
 
 # ---------------------------------------------------------------------------- mmspec drive-sim
+FEWSTEP = "<--expert>"  # stands for the distilled expert's folder, which drive-sim's expert= fills in
 SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False,
                                         "spec": False},
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
                "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2, "spec": False},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
                "flashdrive": True, "flashdrive-refresh2": {"refresh_every": 2},
-               "flashdrive-noreuse": {"reuse_reasoning": False}}
+               "flashdrive-noreuse": {"reuse_reasoning": False},
+               "fewstep": {"vision_cache": False, "stream": False, "step_cache": None, "system": True, "spec": False,
+                           "expert": FEWSTEP},
+               "flashdrive-fewstep": {"step_cache": None, "expert": FEWSTEP}}
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
 mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
-which needs a drafter for the VLA), and ``flashdrive`` (all; speculative reasoning when a drafter fits;
-``flashdrive-noreuse`` without drafting the last tick's reasoning first)."""
+which needs a drafter for the VLA; ``fewstep``: the few-step expert, with the system level it runs in), and
+``flashdrive`` (all; speculative reasoning when a drafter fits; ``flashdrive-noreuse`` without drafting the last
+tick's reasoning first; ``flashdrive-fewstep`` with the few-step expert in place of the step cache). The few-step
+systems need ``--expert DIR`` (a :mod:`mmspec.drivers.distill` student of the VLA's expert)."""
 
 
 def stage_record(system: str, stages: dict, quality: dict, note: str, dtype, exact: bool, budget_ms: float,
@@ -102,7 +108,7 @@ def _ade(a, b) -> float:
 def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks: int = 8, warmup: int = 3,
               closed: int = 2, seconds: float = 6.0, budget_ms: float = 100.0, samples: int = 6, seed: int = 0,
               dtype="float32", clips_dir: str | None = None, progress: bool = True, drafter=None,
-              closed_start: int = 0) -> list[dict]:
+              closed_start: int = 0, expert: str | None = None) -> list[dict]:
     """``mmspec drive-sim``: the driving-simulation latency loop, one record per system.
 
     **Open loop**: ``clips`` clips (the expert's drives of test scenarios, all kinds in turn) are written as video
@@ -118,7 +124,8 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     ``stage_ratio_vs_plain`` (plain's median over this system's, per stage). Systems with speculative reasoning
     (``drafter``: its ``make_drafter`` spec or folder; default the bundled one) report under ``speculation`` the mean
     accepted length ``tau`` (tokens committed per target pass after the prefill, the bonus token counted) and
-    ``target_forwards`` against plain greedy's on the same ticks.
+    ``target_forwards`` against plain greedy's on the same ticks. ``expert``: the distilled few-step expert's folder
+    the ``fewstep`` systems use.
 
     Example:
         >>> recs = drive_sim("drivers/assets/driving-vla", ("plain", "flashdrive"), clips=1, ticks=2)  # doctest: +SKIP
@@ -143,12 +150,17 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     if min(clips, closed, closed_start) < 0 or ticks < 1 or warmup < 0 or samples < 1 or (clips == 0 and closed == 0):
         raise InvalidInputError("drive-sim needs clips >= 0, closed >= 0 (not both 0), ticks >= 1, warmup >= 0, "
                                 "samples >= 1, closed-loop-start >= 0")
+    fewstep = [s for s in systems if isinstance(SIM_SYSTEMS[s], dict) and SIM_SYSTEMS[s].get("expert") == FEWSTEP]
+    if fewstep and not expert:
+        raise InvalidInputError(f"{', '.join(fewstep)} need a distilled few-step expert: --expert DIR "
+                                "(python -m mmspec.drivers.distill writes one)")
     if closed and seconds <= 2.0 + DT:
         raise InvalidInputError(f"a closed-loop drive of {seconds} s ends before the hand-over at 2 s")
     vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(dtype, model, "cpu"))
     import dataclasses
 
-    configs = {s: FlashDriveConfig.parse(SIM_SYSTEMS[s]) for s in systems}
+    configs = {s: FlashDriveConfig.parse({**SIM_SYSTEMS[s], "expert": expert} if s in fewstep else SIM_SYSTEMS[s])
+               for s in systems}
     if drafter is not None:
         configs = {s: c if c is None or not c.spec else dataclasses.replace(c, drafter=drafter)
                    for s, c in configs.items()}
@@ -279,6 +291,9 @@ def _sim_arguments(p) -> None:
     p.add_argument("--drafter", default=None,
                    help="reasoning drafter for the systems with speculative reasoning (glance:DIR or DIR; default: "
                         "the bundled one)")
+    p.add_argument("--expert", default=None,
+                   help="a distilled few-step action expert (python -m mmspec.drivers.distill) for the fewstep systems "
+                        "and the step study")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -301,7 +316,7 @@ def _sim_run(args) -> int:
     systems = list(SIM_SYSTEMS) if args.systems == "all" else [s.strip() for s in args.systems.split(",") if s.strip()]
     recs = drive_sim(model, systems, args.clips, args.ticks, args.warmup, args.closed, args.seconds, args.budget_ms,
                      args.samples, args.seed, args.dtype, args.clips_dir, progress=not args.no_progress,
-                     drafter=args.drafter, closed_start=args.closed_start)
+                     drafter=args.drafter, closed_start=args.closed_start, expert=args.expert)
     base = next((r for r in recs if r["system"] == "plain"), None)
     print(f"{'system':16s} {'pre':>5s} {'enc':>5s} {'fill':>5s} {'dec':>6s} {'act':>6s} {'total':>6s} {'p90':>6s} "
           f"{'Hz':>5s} {'x plain':>7s} {'RT':>3s} {'minADE':>6s} {'ADE_6':>6s} {'coll':>4s} {'off':>4s} {'red':>4s} "
@@ -327,8 +342,14 @@ def _sim_run(args) -> int:
         from mmspec.workloads import get_workload
 
         vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(args.dtype, model, "cpu"))
+        students = []
+        if args.expert:
+            from .distill import load_student
+
+            st = load_student(args.expert, vla, model)
+            students = [(f"few-step expert {st.num_steps}", st)]
         rows = step_cache_study(vla, get_workload("driving").examples("test", args.step_study), seed=args.seed,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, students=students)
         out["step_cache_study"] = rows
         print(f"\n{'step schedule':22s} {'head calls':>10s} {'drift m':>8s} {'ADE m':>7s}   (same noise, vs "
               f"{rows[0]['variant']})")
@@ -341,13 +362,15 @@ def _sim_run(args) -> int:
 
 
 def step_cache_study(vla, examples, thresholds=(0.05, 0.1, 0.2, 0.3), cache_steps=(3, 4, 5, 6), seed: int = 0,
-                     progress: bool = True) -> list[dict]:
+                     progress: bool = True, students=()) -> list[dict]:
     """The flow head's step cache against uniformly fewer Euler steps, at equal head calls and the same noise.
 
     For each item the backbone runs once (prompt and reasoning in the cache); then the expert integrates from the
     same noise with: the full ``num_steps`` (the reference), the adaptive cache at each threshold, the fixed
-    schedule, and plain Euler with every step count below ``num_steps``. Rows: ``variant``, mean ``head_calls``,
-    ``drift_m`` (ADE to the reference trajectory) and ``ade_m`` (ADE to the expert driver's future).
+    schedule, and plain Euler with every step count below ``num_steps``; then each of ``students`` (``(name,
+    expert)`` pairs: distilled few-step experts, :mod:`mmspec.drivers.distill`) at its own step count. Rows:
+    ``variant``, mean ``head_calls``, ``drift_m`` (ADE to the reference trajectory) and ``ade_m`` (ADE to the expert
+    driver's future).
 
     Example:
         >>> rows = step_cache_study(vla, get_workload("driving").examples("test", 8))    # doctest: +SKIP
@@ -364,6 +387,7 @@ def step_cache_study(vla, examples, thresholds=(0.05, 0.1, 0.2, 0.3), cache_step
     variants += [(f"adaptive {t:g}", {"step_cache": StepCache("adaptive", t)}) for t in thresholds]
     variants += [(f"fixed {list(cache_steps)}", {"step_cache": StepCache("fixed", cache_steps=cache_steps)})]
     variants += [(f"uniform {n}", {"num_steps": n}) for n in range(steps - 1, 1, -1)]
+    variants += [(name, {"expert": st}) for name, st in students]
     acc = {name: {"head_calls": [], "drift_m": [], "ade_m": []} for name, _ in variants}
     for i, ex in enumerate(tqdm(examples, desc="step-cache study", file=sys.stderr, disable=not progress)):
         pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=seed + i)
@@ -372,7 +396,8 @@ def step_cache_study(vla, examples, thresholds=(0.05, 0.1, 0.2, 0.3), cache_step
         for name, kw in variants:
             st: dict = {}
             gen = torch.Generator(device=start.device).manual_seed(seed + i)  # the same noise for every variant
-            a = vla.expert.sample(cache, start, valid, generator=gen, precompute=True, stats=st, **kw)
+            kw = dict(kw)
+            a = kw.pop("expert", vla.expert).sample(cache, start, valid, generator=gen, precompute=True, stats=st, **kw)
             traj = integrate_actions(a.float().cpu().numpy(), [ex.meta["speed"]])[0]
             ref = traj if ref is None else ref
             acc[name]["head_calls"].append(st["head_calls"])

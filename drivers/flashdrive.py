@@ -16,6 +16,9 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
   (the tests use that).
 * **step cache** (``step_cache``, approximate): :class:`~mmspec.drivers.vla.StepCache` reuses the last
   velocity of the flow-matching head on some Euler steps (adaptive threshold or fixed schedule).
+* **few-step expert** (``expert=DIR``, approximate): the flow head integrates with a student of the action
+  expert distilled into 2-3 Euler steps (:mod:`mmspec.drivers.distill`) instead of the VLA's own 10-step expert:
+  fewer head calls than the step cache at less drift from the 10-step trajectory (``drivers/assets/drive-sim``).
 * **speculative reasoning** (``spec``, exact): a block drafter (a GLANCE head, ``mmspec train --kind glance
   --workload driving`` on the VLA's own greedy reasoning) drafts the reasoning a block at a time from the
   language model's states over the whole prompt (frames included); the core verifies it
@@ -66,7 +69,7 @@ from .vla import StepCache, attention_mask_for
 __all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
            "bundled_drafter", "ReasoningReuseDrafter"]
 
-MECHANISMS = ("vision_cache", "stream", "step_cache", "system", "spec")
+MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec")
 """The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``)."""
 
 DRAFTER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-drafter")
@@ -102,6 +105,9 @@ class FlashDriveConfig:
             folder (read as ``glance:DIR``); ``None``: the bundled :data:`DRAFTER_DIR`.
         reuse_reasoning: with speculative reasoning, the first round drafts the rest of the last tick's reasoning
             (:class:`ReasoningReuseDrafter`; the drafter takes over from the first mismatch). Exact like ``spec``.
+        expert: a distilled few-step action expert's folder (:func:`mmspec.drivers.distill.load_student`; it must
+            have been distilled on this VLA's backbone), used instead of the VLA's own expert (lossy); ``None``: the
+            VLA's expert.
 
     Example:
         >>> FlashDriveConfig.parse({"step_cache": "fixed", "stream": False}).step_cache
@@ -120,6 +126,7 @@ class FlashDriveConfig:
     spec: object = "auto"
     drafter: object = None
     reuse_reasoning: bool = True
+    expert: object = None
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
@@ -170,6 +177,9 @@ class FlashDriveConfig:
                     kw["step_cache"] = "adaptive"
                 elif n == "step_cache_fixed" or n == "step-cache-fixed":
                     kw["step_cache"] = "fixed"
+                elif n == "fewstep":
+                    raise InvalidInputError("the few-step expert needs its folder: pass a config with expert=DIR "
+                                            "(or drive-sim --expert DIR)")
                 elif n.replace("-", "_") in MECHANISMS:
                     kw[n.replace("-", "_")] = True
                 else:
@@ -181,7 +191,7 @@ class FlashDriveConfig:
     def names(self) -> list:
         """The mechanisms switched on, in :data:`MECHANISMS` order."""
         on = {"vision_cache": self.vision_cache, "stream": self.stream, "step_cache": self.step_cache is not None,
-              "system": self.system, "spec": bool(self.spec)}
+              "fewstep": self.expert is not None, "system": self.system, "spec": bool(self.spec)}
         return [m for m in MECHANISMS if on[m]]
 
     @property
@@ -189,7 +199,7 @@ class FlashDriveConfig:
         """Whether every mechanism on is exact (the vision cache, the system level and greedy-verified speculative
         reasoning are; streaming and step caching approximate). Speculative reasoning is exact in fp32 only:
         :attr:`FlashDriveEngine.exact` also reads the model's dtype."""
-        return not self.stream and self.step_cache is None
+        return not self.stream and self.step_cache is None and self.expert is None
 
     def step_cache_policy(self) -> StepCache | None:
         return None if self.step_cache is None else StepCache(self.step_cache, self.threshold, self.cache_steps)
@@ -370,6 +380,11 @@ class FlashDriveEngine:
         eos = bb.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self.step_cache = config.step_cache_policy()
+        self.expert = vla.expert
+        if config.expert is not None:
+            from .distill import load_student
+
+            self.expert = load_student(os.path.expanduser(str(config.expert)), vla, getattr(vla, "name_or_path", None))
         self._features: OrderedDict = OrderedDict()  # frame hash -> (features [n, H], grid [3])
         self._templates: dict = {}
         self._stream: _Stream | None = None
@@ -638,7 +653,7 @@ class FlashDriveEngine:
         start = torch.tensor([pos], device=dev)
         valid = torch.ones(1, L, dtype=torch.bool, device=dev)
         gen = torch.Generator(device=dev).manual_seed(int(seed))
-        expert = self.vla.expert
+        expert = self.expert
         stats: dict = {}
         self.last_context = (cache, start, valid)  # what the expert read (step-cache studies; cropped if streaming)
         acts = [expert.sample(cache, start, valid, generator=gen, step_cache=self.step_cache,
@@ -751,6 +766,8 @@ class FlashDriveEngine:
             extra.append("re-rotated" if c.rerotate else "shifted (no re-rotation)")
         if c.step_cache:
             extra.append(repr(self.step_cache))
+        if c.expert is not None:
+            extra.append(f"few-step expert: {self.expert.num_steps} steps, lossy")
         if c.spec:
             extra.append(f"spec: {self.spec_note}")
         return "+".join(parts) + (f" ({', '.join(extra)})" if extra else "")

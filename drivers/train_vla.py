@@ -38,7 +38,8 @@ from .world import DT, LABELS, LOOKAHEAD_M
 
 __all__ = ["DrivingVLA", "RoadReader", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla",
            "vla_losses", "constant_velocity", "closed_loop", "model_policy", "collect_rollouts", "score_step",
-           "summarize_scores", "bundled_vla", "export_vla", "streaming_attention_mask"]
+           "summarize_scores", "bundled_vla", "export_vla", "streaming_attention_mask", "save_expert", "load_expert",
+           "expert_context"]
 
 PATCH, MERGE = 14, 2
 VLA_SIZES = {
@@ -65,7 +66,7 @@ class DrivingVLA(torch.nn.Module):
     def save_pretrained(self, path: str, dtype=None) -> None:
         """Backbone, processor and expert under ``path``; ``dtype`` (e.g. ``torch.bfloat16``) stores the
         weights compactly (loading upcasts to float32)."""
-        from mmspec.checkpoints import save_hf_compact, save_state_compact
+        from mmspec.checkpoints import save_hf_compact
 
         from mmspec.pipelines import TASK_KEY
 
@@ -85,11 +86,7 @@ class DrivingVLA(torch.nn.Module):
         else:
             save_hf_compact(self.backbone, path, dtype)
         self.processor.save_pretrained(path)
-        save_state_compact(self.expert.state_dict(), os.path.join(path, EXPERT_NAME), dtype)
-        with open(os.path.join(path, EXPERT_CONFIG), "w") as f:
-            json.dump({"horizon": self.expert.horizon, "num_steps": self.expert.num_steps,
-                       "action_mean": self.expert.action_mean.tolist(),
-                       "action_scale": self.expert.action_scale.tolist()}, f)
+        save_expert(self.expert, path, dtype)
 
     @classmethod
     def from_pretrained(cls, path: str, dtype="auto") -> "DrivingVLA":
@@ -100,7 +97,6 @@ class DrivingVLA(torch.nn.Module):
             >>> DrivingVLA.from_pretrained(VLA_DIR).backbone.dtype                  # doctest: +SKIP
             torch.bfloat16
         """
-        from safetensors.torch import load_file
         from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
         from mmspec.checkpoints import resolve_dtype
@@ -112,10 +108,42 @@ class DrivingVLA(torch.nn.Module):
                                     "DrivingVLA.save_pretrained writes the backbone and the action expert together)")
         dtype = resolve_dtype(dtype, path)
         backbone = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
-        with open(os.path.join(path, EXPERT_CONFIG)) as f:
-            expert = TrajectoryExpert(backbone.config.text_config, **{**LEGACY_NORMALIZATION, **json.load(f)})
-        expert.load_state_dict(load_file(os.path.join(path, EXPERT_NAME)))
-        return cls(backbone, AutoProcessor.from_pretrained(path), expert.to(backbone.dtype).eval())
+        expert = load_expert(path, backbone.config.text_config)
+        vla = cls(backbone, AutoProcessor.from_pretrained(path), expert.to(backbone.dtype).eval())
+        vla.name_or_path = path  # the folder: a distilled expert checks it was distilled on this backbone
+        return vla
+
+
+def save_expert(expert: TrajectoryExpert, path: str, dtype=None) -> None:
+    """The action expert's weights and settings (horizon, Euler steps, normalisation) under ``path``.
+
+    Example:
+        >>> save_expert(vla.expert, "/tmp/vla")                                       # doctest: +SKIP
+    """
+    from mmspec.checkpoints import save_state_compact
+
+    os.makedirs(path, exist_ok=True)
+    save_state_compact(expert.state_dict(), os.path.join(path, EXPERT_NAME), dtype)
+    with open(os.path.join(path, EXPERT_CONFIG), "w") as f:
+        json.dump({"horizon": expert.horizon, "num_steps": expert.num_steps,
+                   "action_mean": expert.action_mean.tolist(), "action_scale": expert.action_scale.tolist()}, f)
+
+
+def load_expert(path: str, text_config) -> TrajectoryExpert:
+    """The action expert saved by :func:`save_expert` under ``path`` (float32 weights as stored, upcast), for a
+    backbone with ``text_config``.
+
+    Example:
+        >>> load_expert("drivers/assets/driving-vla", vla.backbone.config.text_config).num_steps   # doctest: +SKIP
+        10
+    """
+    from safetensors.torch import load_file
+
+    with open(os.path.join(path, EXPERT_CONFIG)) as f:
+        expert = TrajectoryExpert(text_config, **{**LEGACY_NORMALIZATION, **json.load(f)})
+    state = load_file(os.path.join(path, EXPERT_NAME))
+    expert.load_state_dict({k: v.float() for k, v in state.items()})
+    return expert.eval()
 
 
 def build_vla(size: str = "small", tokenizer_texts: int = 2000, vocab_size: int = 512, seed: int = 0) -> DrivingVLA:
@@ -205,17 +233,9 @@ def streaming_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tens
     return allowed[:, None]
 
 
-def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=None, stream_mask: bool = False) -> dict:
-    """The training losses on ``examples`` (driving items with ``meta["labels"]``): ``lm``, ``aux``, ``flow``,
-    and ``road`` (mean squared error in units of :data:`ROAD_SCALE_M`) when a :class:`RoadReader` is given.
-    ``stream_mask``: the backbone attends under :func:`streaming_attention_mask` (the positions stay the
-    prompt's own)."""
-    from mmspec.vision.testbed import make_batch
-
-    batch = make_batch(vla.processor, examples)
-    captured = {}
-    hook = vla.backbone.model.visual.register_forward_hook(
-        lambda m, a, out: captured.__setitem__("h", out.pooler_output))
+def _backbone_inputs(vla: DrivingVLA, batch: dict, stream_mask: bool = False) -> dict:
+    """The backbone's keyword inputs for a training ``batch``: as made, or under :func:`streaming_attention_mask`
+    (the positions stay the prompt's own)."""
     kw = dict(batch)
     if stream_mask:
         cfg = vla.backbone.config
@@ -227,22 +247,56 @@ def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=No
                                            cfg.vision_end_token_id)
         kw["attention_mask"] = {"full_attention": attention_mask_for(
             allowed, cfg.get_text_config()._attn_implementation, vla.backbone.dtype)}
+    return kw
+
+
+def _expert_prefix(vla: DrivingVLA, batch: dict) -> tuple:
+    """``(start, valid)``: the expert's context in a training batch is prompt + reasoning, without the final
+    end-of-turn (generate never feeds it); ``start`` is the text position after it."""
+    labels = batch["labels"]
+    last = (labels != -100).long().cumsum(1).argmax(1)
+    prefix = batch["attention_mask"].clone()
+    prefix[torch.arange(len(labels)), last] = 0
+    return next_text_positions(vla.backbone, {**batch, "attention_mask": prefix}), prefix.bool()
+
+
+def expert_context(vla: DrivingVLA, batch: dict, stream_mask: bool = False) -> tuple:
+    """``(cache, start, valid)``: what the action expert reads for a training ``batch`` (:func:`make_batch` of
+    driving items with their reasoning): the backbone's cache of prompt + reasoning, the text position after it and
+    which cached positions it may read. Used by :mod:`mmspec.drivers.distill`.
+
+    Example:
+        >>> cache, start, valid = expert_context(vla, make_batch(vla.processor, examples))   # doctest: +SKIP
+    """
+    kw = _backbone_inputs(vla, batch, stream_mask)
+    kw.pop("labels", None)
+    out = vla.backbone(**kw, use_cache=True)
+    start, valid = _expert_prefix(vla, batch)
+    return out.past_key_values, start, valid
+
+
+def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=None, stream_mask: bool = False) -> dict:
+    """The training losses on ``examples`` (driving items with ``meta["labels"]``): ``lm``, ``aux``, ``flow``,
+    and ``road`` (mean squared error in units of :data:`ROAD_SCALE_M`) when a :class:`RoadReader` is given.
+    ``stream_mask``: the backbone attends under :func:`streaming_attention_mask` (the positions stay the
+    prompt's own)."""
+    from mmspec.vision.testbed import make_batch
+
+    batch = make_batch(vla.processor, examples)
+    captured = {}
+    hook = vla.backbone.model.visual.register_forward_hook(
+        lambda m, a, out: captured.__setitem__("h", out.pooler_output))
     try:
-        out = vla.backbone(**kw, use_cache=True)
+        out = vla.backbone(**_backbone_inputs(vla, batch, stream_mask), use_cache=True)
     finally:
         hook.remove()
     grids = batch["image_grid_thw"][:, 1:].tolist()
     per_ex = len(examples[0].images)
     aux_y = torch.cat([_label_targets(ex, grids[i * per_ex:(i + 1) * per_ex]) for i, ex in enumerate(examples)])
     aux = torch.nn.functional.binary_cross_entropy_with_logits(reader(captured["h"]), aux_y)
-    # The expert's context: prompt + reasoning, without the final end-of-turn (generate never feeds it).
-    labels = batch["labels"]
-    last = (labels != -100).long().cumsum(1).argmax(1)
-    prefix = batch["attention_mask"].clone()
-    prefix[torch.arange(len(examples)), last] = 0
-    start = next_text_positions(vla.backbone, {**batch, "attention_mask": prefix})
+    start, valid = _expert_prefix(vla, batch)
     actions = torch.from_numpy(np.stack([ex.meta["actions"] for ex in examples])).float()
-    flow = vla.expert.loss(actions, out.past_key_values, start, prefix.bool(), generator=generator)
+    flow = vla.expert.loss(actions, out.past_key_values, start, valid, generator=generator)
     losses = {"lm": out.loss, "aux": aux, "flow": flow}
     if road_reader is not None:
         counts = (batch["image_grid_thw"].prod(-1) // (MERGE * MERGE)).view(len(examples), per_ex).sum(1)

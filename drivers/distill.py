@@ -1,0 +1,233 @@
+"""Few-step distillation of the driving VLA's flow-matching action expert: the action stage with fewer head calls.
+
+The expert integrates its flow with ``num_steps`` (10) Euler steps, one expert call each, and that is most of a
+FlashDrive tick (``drivers/assets/drive-sim/README.md``). Reusing velocities (the step cache) or integrating with
+fewer uniform steps from the same expert both drift from the 10-step trajectory. Here a *student* copy of the
+expert learns to land, in ``student_steps`` Euler steps, where the teacher's 10 steps land from the same noise
+(direct trajectory distillation, as in Luhman & Luhman 2021 and progressive distillation, Salimans & Ho 2022, in
+one stage since the gap is only 10 to 2-3 steps): per training item the backbone reads the prompt and the
+reasoning (no gradient), the teacher integrates from noise ``x0`` (no gradient), and the student integrates from
+the same ``x0``; the loss is the mean squared error between the two, in the expert's normalised action space, at
+the end and at every student step whose time the teacher's grid also has. The backbone and the teacher stay
+frozen, so a student serves only the VLA it was distilled from (its folder records the backbone's weights hash and
+:func:`load_student` checks it).
+
+It is lossy (the student's trajectories are not the teacher's), like the step cache: FlashDrive takes it with
+``FlashDriveConfig(expert=DIR)`` and says so. Runs resume from ``OUT/state.pt``.
+
+Example:
+    >>> cfg = DistillConfig(vla="drivers/assets/driving-vla", out="/tmp/fewstep", steps=2)    # doctest: +SKIP
+    >>> student = distill_expert(cfg)                                                        # doctest: +SKIP
+    >>> student.num_steps                                                                    # doctest: +SKIP
+    2
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from mmspec.drafters.eagle import warmup_cosine
+from mmspec.errors import InvalidInputError
+from mmspec.train import trim_log
+from mmspec.workloads import get_workload
+
+from .train_vla import EXPERT_CONFIG, EXPERT_NAME, DrivingVLA, expert_context, load_expert, save_expert
+
+__all__ = ["DistillConfig", "distill_expert", "euler_path", "load_student", "backbone_hash"]
+
+STUDENT_INFO = "distill.json"
+
+
+def backbone_hash(path: str) -> str:
+    """The first 16 hex digits of the SHA-256 of a VLA folder's backbone weights: what a student was distilled on.
+
+    Example:
+        >>> backbone_hash("drivers/assets/driving-vla")[:4]        # doctest: +SKIP
+        'a3f1'
+    """
+    h = hashlib.sha256()
+    with open(os.path.join(path, "model.safetensors"), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def euler_path(expert, x0, cache, start, valid, steps: int) -> list:
+    """The states ``[x_1/steps, ..., x_1]`` of ``steps`` uniform Euler steps of ``expert``'s flow from ``x0``
+    (normalised action space), with gradients if enabled: what :meth:`TrajectoryExpert.sample` computes, kept step by
+    step.
+
+    Example:
+        >>> xs = euler_path(vla.expert, torch.randn(1, 64, 2), cache, start, valid, 2)    # doctest: +SKIP
+        >>> len(xs)                                                                      # doctest: +SKIP
+        2
+    """
+    from .vla import expert_attention_mask, time_embedding
+
+    B, N, _ = x0.shape
+    pos = (start[:, None] + torch.arange(N, device=x0.device)[None]).long()[None].expand(3, B, N)
+    mask = expert_attention_mask(valid, N, expert.decoder.config._attn_implementation or "sdpa",
+                                 expert.out_proj.weight.dtype)
+    x, out = x0, []
+    for i in range(steps):
+        t = torch.full((B,), i / steps, device=x0.device)
+        v = expert.velocity(x, t, cache, start, valid, mask=mask, positions=pos,
+                            t_emb=time_embedding(t, expert.hidden_size))
+        x = x + v / steps
+        out.append(x)
+    return out
+
+
+@dataclass
+class DistillConfig:
+    """Settings of :func:`distill_expert`: the teacher ``vla`` folder, ``out`` (the student's folder),
+    ``student_steps`` Euler steps to distil into, ``steps`` optimiser steps of ``batch_size`` driving items
+    (``perturb``: the share with a perturbed lead-in, as the VLA trained), ``lr`` with ``warmup`` then cosine.
+    ``stream_mask``: the share of steps whose backbone context is computed under the streaming mask (FlashDrive's
+    kept frames see only themselves), so the student also learns the contexts a streaming tick gives it."""
+
+    vla: str = ""
+    out: str = "driving-fewstep"
+    student_steps: int = 2
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 1e-4
+    warmup: int = 20
+    perturb: float = 0.2
+    stream_mask: float = 0.5
+    seed: int = 0
+    threads: int = 0
+    save_every: int = 50
+
+
+def _save_student(student, cfg: DistillConfig, teacher_hash: str) -> None:
+    save_expert(student, cfg.out)
+    with open(os.path.join(cfg.out, STUDENT_INFO), "w") as f:
+        json.dump({"kind": "fewstep_expert", "teacher": os.path.abspath(cfg.vla), "backbone_sha256_16": teacher_hash,
+                   "student_steps": cfg.student_steps, "config": asdict(cfg)}, f, indent=2)
+
+
+def load_student(path: str, vla: DrivingVLA, vla_path: str | None = None):
+    """A distilled expert from ``path`` for ``vla`` (moved to its dtype and device). With ``vla_path`` (the VLA's
+    folder) the backbone it was distilled on is checked: a student reads the backbone's cache, so one distilled on
+    another backbone (a fine-tune, say) is refused.
+
+    Example:
+        >>> student = load_student("/tmp/fewstep", vla, "drivers/assets/driving-vla")   # doctest: +SKIP
+    """
+    info_path = os.path.join(path, STUDENT_INFO)
+    if not os.path.isfile(info_path) or not os.path.isfile(os.path.join(path, EXPERT_NAME)):
+        raise InvalidInputError(f"{path} is not a distilled action expert (no {STUDENT_INFO} or {EXPERT_NAME}: "
+                                "python -m mmspec.drivers.distill writes one)")
+    with open(info_path) as f:
+        info = json.load(f)
+    if vla_path is not None and os.path.isfile(os.path.join(vla_path, "model.safetensors")):
+        have = backbone_hash(vla_path)
+        if have != info["backbone_sha256_16"]:
+            raise InvalidInputError(f"{path} was distilled on another backbone ({info['backbone_sha256_16']}, "
+                                    f"this VLA's is {have}): distil it again on this VLA")
+    p = next(vla.expert.parameters())
+    return load_expert(path, vla.backbone.config.text_config).to(device=p.device, dtype=p.dtype).eval()
+
+
+def distill_expert(cfg: DistillConfig, progress: bool = True):
+    """Distil ``cfg.vla``'s action expert into a ``cfg.student_steps``-step student (see the module docstring);
+    resumes from ``cfg.out/state.pt``; returns the student (saved under ``cfg.out`` every ``save_every`` steps)."""
+    from tqdm import tqdm
+
+    from mmspec.vision.testbed import make_batch
+
+    if cfg.student_steps < 1:
+        raise InvalidInputError(f"student_steps must be >= 1 (got {cfg.student_steps})")
+    if not cfg.vla:
+        raise InvalidInputError("name the teacher VLA folder (--vla)")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    vla = DrivingVLA.from_pretrained(cfg.vla, dtype=torch.float32)
+    for p in vla.parameters():
+        p.requires_grad_(False)
+    teacher = vla.expert
+    os.makedirs(cfg.out, exist_ok=True)
+    state_path = os.path.join(cfg.out, "state.pt")
+    resume = os.path.isfile(state_path)
+    student = load_expert(cfg.out, vla.backbone.config.text_config) if resume else copy.deepcopy(teacher)
+    student.num_steps = cfg.student_steps
+    student.train()
+    for p in student.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0)
+    start_step = 0
+    if resume:
+        saved = torch.load(state_path, weights_only=True)
+        opt.load_state_dict(saved["optimizer"])
+        start_step = int(saved["step"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
+    for _ in range(start_step):
+        sched.step()
+    log_path = os.path.join(cfg.out, "train_log.jsonl")
+    trim_log(log_path, start_step)
+    teacher_hash = backbone_hash(cfg.vla)
+    T, S = teacher.num_steps, cfg.student_steps
+    # Student step j ends at time (j+1)/S; the teacher's grid has it when T (j+1) / S is a whole step.
+    aligned = [(j, T * (j + 1) // S - 1) for j in range(S) if (T * (j + 1)) % S == 0]
+    wl = get_workload("driving", labels=True, perturb=cfg.perturb)
+    gen = torch.Generator()
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not progress,
+               desc="distil expert")
+    for step in bar:
+        t0 = time.perf_counter()
+        gen.manual_seed(cfg.seed * 1_000_003 + step)
+        masked = cfg.stream_mask > 0 and (step * 0.6180339887) % 1.0 < cfg.stream_mask
+        examples = wl.examples("train", cfg.batch_size, start=step * cfg.batch_size)
+        with torch.no_grad():
+            batch = make_batch(vla.processor, examples)
+            cache, start, valid = expert_context(vla, batch, stream_mask=masked)
+            x0 = torch.randn(len(examples), teacher.horizon, 2, generator=gen)
+            ref = euler_path(teacher, x0, cache, start, valid, T)
+        path = euler_path(student, x0, cache, start, valid, S)
+        # every aligned point, the end among them (aligned always holds the last student step)
+        loss = torch.stack([torch.nn.functional.mse_loss(path[j], ref[i]) for j, i in aligned]).mean()
+        final = torch.nn.functional.mse_loss(path[-1].detach(), ref[-1])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        rec = {"step": step + 1, "loss": round(loss.item(), 5), "final_mse": round(final.item(), 5),
+               "stream_mask": masked, "lr": sched.get_last_lr()[0], "sec": round(time.perf_counter() - t0, 3)}
+        bar.set_postfix(loss=rec["loss"], final=rec["final_mse"])
+        with open(log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            _save_student(student.eval(), cfg, teacher_hash)
+            student.train()
+            tmp = state_path + ".tmp"
+            torch.save({"optimizer": opt.state_dict(), "step": step + 1}, tmp)
+            os.replace(tmp, state_path)
+    return student.eval()
+
+
+def main(argv=None) -> int:
+    """``python -m mmspec.drivers.distill --vla DIR --out DIR [--student-steps 2 ...]``: distil the VLA's action
+    expert into a few-step student (resumes)."""
+    import argparse
+
+    from mmspec.train import add_config_arguments
+
+    p = argparse.ArgumentParser(prog="python -m mmspec.drivers.distill", description=main.__doc__)
+    add_config_arguments(p, DistillConfig)
+    args = p.parse_args(argv)
+    distill_expert(DistillConfig(**vars(args)))
+    print(os.path.abspath(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

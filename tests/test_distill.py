@@ -1,0 +1,146 @@
+"""The few-step action expert (:mod:`mmspec.drivers.distill`): its integration is the expert's own, distillation
+brings it to the teacher's endpoint, it refuses a backbone it was not distilled on, and FlashDrive and drive-sim run
+it (lossy, said so)."""
+
+import json
+
+import pytest
+import torch
+
+from mmspec.errors import InvalidInputError
+
+
+def _tiny(seed: int = 0):
+    from test_flashdrive import _tiny as tiny_vla  # the flashdrive tests' 2-layer VLA (3 Euler steps)
+
+    return tiny_vla(2, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny VLA saved like a bundled one (the student checks its backbone's weights file)."""
+    path = str(tmp_path_factory.mktemp("vla") / "vla")
+    _tiny().save_pretrained(path)
+    return path
+
+
+def _context(vla, split="test", n=2, start=0):
+    from mmspec.drivers.train_vla import expert_context
+    from mmspec.vision.testbed import make_batch
+    from mmspec.workloads import get_workload
+
+    exs = get_workload("driving", labels=True).examples(split, n, start=start)
+    with torch.no_grad():
+        return expert_context(vla, make_batch(vla.processor, exs))
+
+
+def test_euler_path_is_what_the_expert_samples(saved):
+    from mmspec.drivers.distill import euler_path
+    from mmspec.drivers.train_vla import DrivingVLA
+
+    vla = DrivingVLA.from_pretrained(saved, dtype=torch.float32)
+    cache, start, valid = _context(vla)
+    ex = vla.expert
+    want = ex.sample(cache, start, valid, generator=torch.Generator().manual_seed(3))
+    x0 = torch.randn(2, ex.horizon, 2, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        path = euler_path(ex, x0, cache, start, valid, ex.num_steps)
+    assert len(path) == ex.num_steps
+    torch.testing.assert_close(path[-1] * ex.action_scale + ex.action_mean, want)
+
+
+def _endpoint_error(vla, expert, steps, n=4):
+    """Mean squared distance (normalised space) of ``expert``'s ``steps``-step endpoint to the teacher's own, on
+    held-out items, from the same noise."""
+    from mmspec.drivers.distill import euler_path
+
+    cache, start, valid = _context(vla, "test", n)
+    x0 = torch.randn(n, vla.expert.horizon, 2, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        ref = euler_path(vla.expert, x0, cache, start, valid, vla.expert.num_steps)[-1]
+        got = euler_path(expert, x0, cache, start, valid, steps)[-1]
+    return float(torch.nn.functional.mse_loss(got, ref))
+
+
+@pytest.mark.slow
+def test_distillation_brings_one_step_to_the_teachers_endpoint_and_resumes(saved, tmp_path):
+    from mmspec.drivers.distill import DistillConfig, distill_expert, load_student
+    from mmspec.drivers.train_vla import DrivingVLA
+
+    vla = DrivingVLA.from_pretrained(saved, dtype=torch.float32)
+    before = _endpoint_error(vla, vla.expert, 1)  # the teacher itself in one step: where the student starts
+    out = str(tmp_path / "fewstep")
+    cfg = dict(vla=saved, out=out, student_steps=1, batch_size=2, lr=5e-3, warmup=2, save_every=6, threads=1)
+    distill_expert(DistillConfig(steps=12, **cfg), progress=False)
+    distill_expert(DistillConfig(steps=24, **cfg), progress=False)  # resumes at step 12
+    log = [json.loads(x) for x in open(f"{out}/train_log.jsonl")]
+    assert [r["step"] for r in log] == list(range(1, 25))
+    student = load_student(out, vla, saved)
+    assert student.num_steps == 1
+    after = _endpoint_error(vla, student, 1)
+    print("endpoint error before / after", before, after)
+    assert after < 0.5 * before, (before, after)
+
+
+def test_a_student_serves_only_its_own_backbone(saved, tmp_path):
+    from mmspec.drivers.distill import DistillConfig, distill_expert, load_student
+    from mmspec.drivers.train_vla import DrivingVLA
+
+    out = str(tmp_path / "fewstep")
+    distill_expert(DistillConfig(vla=saved, out=out, student_steps=2, steps=1, batch_size=1, threads=1),
+                   progress=False)
+    other = str(tmp_path / "other")
+    _tiny(seed=1).save_pretrained(other)
+    with pytest.raises(InvalidInputError, match="distilled on another backbone"):
+        load_student(out, DrivingVLA.from_pretrained(other, dtype=torch.float32), other)
+    with pytest.raises(InvalidInputError, match="not a distilled action expert"):
+        load_student(saved, DrivingVLA.from_pretrained(saved, dtype=torch.float32), saved)
+    with pytest.raises(InvalidInputError, match="student_steps"):
+        distill_expert(DistillConfig(vla=saved, out=str(tmp_path / "x"), student_steps=0), progress=False)
+
+
+@pytest.mark.slow
+def test_flashdrive_and_drive_sim_run_the_student(saved, tmp_path, capsys):
+    from mmspec.cli import main
+    from mmspec.drivers import DrivingPipeline
+    from mmspec.drivers.distill import DistillConfig, distill_expert
+    from mmspec.drivers.train_vla import DrivingVLA
+    from mmspec.drivers.world import render_frame, scenario_for, simulate
+    from mmspec.drivers.clips import ego_history
+
+    out = str(tmp_path / "fewstep")
+    distill_expert(DistillConfig(vla=saved, out=out, student_steps=2, steps=1, batch_size=1, threads=1),
+                   progress=False)
+    vla = DrivingVLA.from_pretrained(saved, dtype=torch.float32)
+    pipe = DrivingPipeline(vla, max_reasoning_tokens=3,
+                           flashdrive={"expert": out, "step_cache": None, "stream": False, "spec": False})
+    sim = simulate(scenario_for("test", 1, 0, "cruise"), 2.6)
+    k = 20  # 16 ticks of ego history before it
+    res = pipe.step([render_frame(sim, t, "front") for t in range(k - 3, k + 1)], ego_history(sim.ego, k),
+                    float(sim.ego[k][3]), seed=k, cameras=("front",))
+    assert res["head_calls"] == 2  # the student's steps, not the VLA's 3
+    assert not pipe.engine.exact and "few-step expert: 2 steps, lossy" in pipe.engine.describe()
+    assert "fewstep" in pipe.engine.config.names()
+
+    assert main(["drive-sim", "--model", saved, "--systems", "plain,fewstep", "--clips", "1", "--closed-loop", "0"]) == 2
+    assert "need a distilled few-step expert: --expert DIR" in capsys.readouterr().err
+    sim_json = tmp_path / "sim.json"
+    rc = main(["drive-sim", "--model", saved, "--systems", "plain,fewstep,flashdrive-fewstep", "--clips", "1",
+               "--ticks", "1", "--warmup", "1", "--closed-loop", "0", "--samples", "1", "--threads", "1",
+               "--clips-dir", str(tmp_path / "clips"), "--json", str(sim_json), "--no-progress", "--step-study", "1",
+               "--expert", out])
+    assert rc == 0
+    data = json.loads(sim_json.read_text())
+    recs = {r["system"]: r for r in data["results"]}
+    assert recs["plain"]["exact"] and not recs["fewstep"]["exact"] and not recs["flashdrive-fewstep"]["exact"]
+    study = {r["variant"]: r for r in data["step_cache_study"]}
+    assert study["few-step expert 2"]["head_calls"] == 2 and study["uniform 3"]["drift_m"] == 0.0
+
+
+def test_the_fewstep_mechanism_needs_its_folder():
+    from mmspec.drivers.flashdrive import FlashDriveConfig
+
+    with pytest.raises(InvalidInputError, match="needs its folder"):
+        FlashDriveConfig.parse("stream,fewstep")
+    cfg = FlashDriveConfig.parse({"expert": "/some/student", "step_cache": None})
+    assert "fewstep" in cfg.names() and "step_cache" not in cfg.names() and not cfg.exact
