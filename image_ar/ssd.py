@@ -209,6 +209,9 @@ class SpatialDrafter(TrainableDrafter):
     # ------------------------------------------------------------------ run-time state
     def _reset_run(self) -> None:
         self._feats = self._codes = None  # [rows, N, H] / [rows, N]: feat and code index of every committed slot
+        # [rows, N + 1, 2H]: the head's state [feat; embed(code)] of every committed slot (feats is its first half),
+        # written once per slot; the last entry stays zero: what the head reads where nothing is committed above.
+        self._states = None
         self._n: dict = {}  # row -> committed image slots whose feats are stored (feats[r, :n] valid)
         self._n_codes: dict = {}  # row -> committed codes already written to codes[r]
         self._paths: dict = {}  # row -> accepted path of the last pass (ingested at the next propose)
@@ -234,7 +237,8 @@ class SpatialDrafter(TrainableDrafter):
         rows = max(ctx.rows) + 1
         n = len(self.raster)
         dev, dtype = self.head.out.weight.device, self.head.out.weight.dtype
-        self._feats = torch.zeros(rows, n + 1, self.hidden_size, dtype=dtype, device=dev)
+        self._states = torch.zeros(rows, n + 2, 2 * self.hidden_size, dtype=dtype, device=dev)
+        self._feats = self._states[:, :, : self.hidden_size]
         self._codes = torch.full((rows, n + 1), self.n_codes, dtype=torch.long, device=dev)
         for i, r in enumerate(ctx.rows):
             self._feats[r, 0] = h[i, -1]  # the last prompt position (left padding): it gave code 0
@@ -248,7 +252,7 @@ class SpatialDrafter(TrainableDrafter):
             path = self._paths.pop(r, None)
             n = self._n[r]
             if path is not None:
-                k = min(len(path) + 1, self._feats.shape[1] - n)
+                k = min(len(path) + 1, self._codes.shape[1] - n)
                 if path == list(range(len(path))):  # a chain accepted from its start: a slice, no gather
                     src = h[i, :k]
                 else:
@@ -259,7 +263,9 @@ class SpatialDrafter(TrainableDrafter):
             old, done = self._n_codes[r], min(len(gen), self._codes.shape[1])
             if done > old:  # committed codes never change: only the new ones are written
                 c = torch.as_tensor(gen[old:done], dtype=torch.long, device=self._codes.device) - self.offset
-                self._codes[r, old:done] = torch.where((c >= 0) & (c < self.n_codes), c, self.n_codes)
+                c = torch.where((c >= 0) & (c < self.n_codes), c, self.n_codes)
+                self._codes[r, old:done] = c
+                self._states[r, old:done, self.hidden_size:] = self.head.code_embed(c)
                 self._n_codes[r] = done
 
     def _plan(self, n_done: int) -> tuple:
@@ -268,7 +274,10 @@ class SpatialDrafter(TrainableDrafter):
         key = (n_done, self.k_h, self.k_v, self.draft_len)
         if key not in self._plans:
             plan = self.scheduler.plan(n_done)
-            self._plans[key] = (plan, slot_inputs(plan, n_done, self.raster, self.k_v))
+            ins = slot_inputs(plan, n_done, self.raster, self.k_v)
+            # Where nothing is committed above, the state table's zero row (its last entry).
+            ins["above_row"] = [a if a >= 0 else len(self.raster) + 1 for a in ins["above"]]
+            self._plans[key] = (plan, ins)
         return self._plans[key]
 
     @torch.no_grad()
@@ -306,7 +315,7 @@ class SpatialDrafter(TrainableDrafter):
         """Every planned slot of every row in one head call; newline slots forced; with ``jacobi``, slots the last
         pass already scored (past its first rejection) take the target's own draft from that pass instead."""
         sampled = ctx.do_sample and self.draft == "sample"  # else deterministic drafts (a one-hot q)
-        keys = ("slot_row", "last", "above", "delta", "dv", "row", "col")
+        keys = ("slot_row", "last", "above_row", "delta", "dv", "row", "col")
         cols = {k: [] for k in keys}
         row_plans = {}
         for i, (n_done, room) in plans.items():
@@ -323,8 +332,10 @@ class SpatialDrafter(TrainableDrafter):
                 cols[k] += [v[j] for j in pick]
         dev = self._feats.device
         if cols["slot_row"]:
-            t = torch.tensor([cols[k] for k in keys], dtype=torch.long, device=dev)
-            logits = self.head(self._feats, self._codes, *t)
+            slot_row, last, above, delta, dv, row, col = torch.tensor([cols[k] for k in keys], dtype=torch.long,
+                                                                      device=dev)
+            logits = self.head.from_states(self._states[slot_row, last], self._states[slot_row, above], delta, dv,
+                                           row, col)
             if sampled:
                 q = torch.softmax(logits / self.draft_temperature, dim=-1)
                 g = ctx.generator

@@ -130,8 +130,14 @@ class SpatialHead(nn.Module):
         return x * (idx >= 0)[:, None].to(x.dtype)
 
     def forward(self, feats, codes, slot_row, last, above, delta, dv, row, col):
-        z = self.w_last(self.state(feats, codes, slot_row, last)) + self.w_above(self.state(feats, codes, slot_row,
-                                                                                            above))
+        return self.from_states(self.state(feats, codes, slot_row, last), self.state(feats, codes, slot_row, above),
+                                delta, dv, row, col)
+
+    def from_states(self, x_last, x_above, delta, dv, row, col):
+        """:meth:`forward` from the two committed states of every slot (``[S, 2H]`` each, as :meth:`state` gives
+        them: zeros where nothing is committed). The drafter keeps each committed slot's state in a table, written
+        once, and indexes it: two gathers instead of rebuilding both states every round."""
+        z = self.w_last(x_last) + self.w_above(x_above)
         z = z + self.delta_embed(delta.clamp(max=self.max_delta)) + self.dv_embed(dv) + self.row_embed(row) \
             + self.col_embed(col)
         for block in self.blocks:
