@@ -56,6 +56,7 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mmspec.acceptance import AcceptanceRule, AcceptResult, GreedyRule, SpeculativeSamplingRule
@@ -262,8 +263,8 @@ class SpatialDrafter(TrainableDrafter):
             gen = ctx.sequences[i][ctx.prompt_lengths[i]:]
             old, done = self._n_codes[r], min(len(gen), self._codes.shape[1])
             if done > old:  # committed codes never change: only the new ones are written
-                c = torch.as_tensor(gen[old:done], dtype=torch.long, device=self._codes.device) - self.offset
-                c = torch.where((c >= 0) & (c < self.n_codes), c, self.n_codes)
+                c = np.asarray(gen[old:done], dtype=np.int64) - self.offset  # a few tokens: numpy, not kernels
+                c = torch.from_numpy(np.where((c >= 0) & (c < self.n_codes), c, self.n_codes)).to(self._codes.device)
                 self._codes[r, old:done] = c
                 self._states[r, old:done, self.hidden_size:] = self.head.code_embed(c)
                 self._n_codes[r] = done
