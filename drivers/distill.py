@@ -88,7 +88,8 @@ def euler_path(expert, x0, cache, start, valid, steps: int) -> list:
 @dataclass
 class DistillConfig:
     """Settings of :func:`distill_expert`: the teacher ``vla`` folder, ``out`` (the student's folder),
-    ``student_steps`` Euler steps to distil into, ``steps`` optimiser steps of ``batch_size`` driving items
+    ``student_steps`` Euler steps to distil into, ``steps`` optimiser steps of ``batch_size`` driving items (``0``
+    saves the untrained copy: the teacher at ``student_steps`` uniform steps, the baseline)
     (``perturb``: the share with a perturbed lead-in, as the VLA trained), ``lr`` with ``warmup`` then cosine.
     ``stream_mask``: the share of steps whose backbone context is computed under the streaming mask (FlashDrive's
     kept frames see only themselves), so the student also learns the contexts a streaming tick gives it."""
@@ -174,6 +175,9 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     trim_log(log_path, start_step)
     teacher_hash = backbone_hash(cfg.vla)
+    if cfg.steps == 0:  # the teacher itself at student_steps uniform steps: the baseline a student must beat
+        _save_student(student.eval(), cfg, teacher_hash)
+        return student
     T, S = teacher.num_steps, cfg.student_steps
     # Student step j ends at time (j+1)/S; the teacher's grid has it when T (j+1) / S is a whole step.
     aligned = [(j, T * (j + 1) // S - 1) for j in range(S) if (T * (j + 1)) % S == 0]

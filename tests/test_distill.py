@@ -95,6 +95,12 @@ def test_a_student_serves_only_its_own_backbone(saved, tmp_path):
         load_student(out, DrivingVLA.from_pretrained(other, dtype=torch.float32), other)
     with pytest.raises(InvalidInputError, match="not a distilled action expert"):
         load_student(saved, DrivingVLA.from_pretrained(saved, dtype=torch.float32), saved)
+    base = str(tmp_path / "uniform2")
+    distill_expert(DistillConfig(vla=saved, out=base, student_steps=2, steps=0), progress=False)
+    vla = DrivingVLA.from_pretrained(saved, dtype=torch.float32)
+    st = load_student(base, vla, saved)  # steps=0: the teacher's own weights at 2 uniform steps
+    assert st.num_steps == 2 and all(torch.equal(a, b) for a, b in zip(st.state_dict().values(),
+                                                                       vla.expert.state_dict().values()))
     with pytest.raises(InvalidInputError, match="student_steps"):
         distill_expert(DistillConfig(vla=saved, out=str(tmp_path / "x"), student_steps=0), progress=False)
 
