@@ -313,7 +313,11 @@ def _sim_run(args) -> int:
     model = args.model or bundled_vla()
     if model is None:
         raise InvalidInputError("no driving VLA bundled with this install: pass --model PATH")
-    systems = list(SIM_SYSTEMS) if args.systems == "all" else [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.systems == "all":  # the few-step systems need a student: in "all" only when one is given
+        systems = [s for s in SIM_SYSTEMS if args.expert or not (isinstance(SIM_SYSTEMS[s], dict)
+                                                                  and SIM_SYSTEMS[s].get("expert") == FEWSTEP)]
+    else:
+        systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     recs = drive_sim(model, systems, args.clips, args.ticks, args.warmup, args.closed, args.seconds, args.budget_ms,
                      args.samples, args.seed, args.dtype, args.clips_dir, progress=not args.no_progress,
                      drafter=args.drafter, closed_start=args.closed_start, expert=args.expert)

@@ -38,24 +38,43 @@ from mmspec.errors import InvalidInputError
 from mmspec.train import trim_log
 from mmspec.workloads import get_workload
 
-from .train_vla import EXPERT_CONFIG, EXPERT_NAME, DrivingVLA, expert_context, load_expert, save_expert
+from .train_vla import EXPERT_NAME, DrivingVLA, expert_context, load_expert, save_expert
 
 __all__ = ["DistillConfig", "distill_expert", "euler_path", "load_student", "backbone_hash"]
 
-STUDENT_INFO = "distill.json"
+STUDENT_INFO, STATE = "distill.json", "distill_state.pt"
+
+
+_HASHES: dict = {}  # (realpath, size, mtime_ns) of each weights file -> its hash: one read per file per process
 
 
 def backbone_hash(path: str) -> str:
-    """The first 16 hex digits of the SHA-256 of a VLA folder's backbone weights: what a student was distilled on.
+    """The first 16 hex digits of the SHA-256 over a VLA folder's backbone weights (``model*.safetensors``, sorted):
+    what a student was distilled on. A folder without them raises :class:`~mmspec.errors.InvalidInputError`.
 
     Example:
-        >>> backbone_hash("drivers/assets/driving-vla")[:4]        # doctest: +SKIP
-        'a3f1'
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> _ = open(os.path.join(d, "model.safetensors"), "wb").write(b"weights")
+        >>> backbone_hash(d)
+        '39c2875015b458ee'
     """
+    names = sorted(n for n in os.listdir(path) if n.startswith("model") and n.endswith(".safetensors")) \
+        if os.path.isdir(path) else []
+    if not names:
+        raise InvalidInputError(f"{path} holds no backbone weights (model*.safetensors): not a saved VLA folder")
     h = hashlib.sha256()
-    with open(os.path.join(path, "model.safetensors"), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for name in names:
+        f = os.path.realpath(os.path.join(path, name))
+        st = os.stat(f)
+        key = (f, st.st_size, st.st_mtime_ns)
+        if key not in _HASHES:
+            one = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    one.update(block)
+            _HASHES[key] = one.hexdigest()
+        h.update(_HASHES[key].encode())
     return h.hexdigest()[:16]
 
 
@@ -92,7 +111,13 @@ class DistillConfig:
     saves the untrained copy: the teacher at ``student_steps`` uniform steps, the baseline)
     (``perturb``: the share with a perturbed lead-in, as the VLA trained), ``lr`` with ``warmup`` then cosine.
     ``stream_mask``: the share of steps whose backbone context is computed under the streaming mask (FlashDrive's
-    kept frames see only themselves), so the student also learns the contexts a streaming tick gives it."""
+    kept frames see only themselves), so the student also learns the contexts a streaming tick gives it.
+    ``stop_after`` ends this run early while the schedule still spans ``steps`` (resume to go on).
+
+    Example:
+        >>> DistillConfig(vla="drivers/assets/driving-vla", out="/tmp/fewstep").student_steps
+        2
+    """
 
     vla: str = ""
     out: str = "driving-fewstep"
@@ -106,19 +131,36 @@ class DistillConfig:
     seed: int = 0
     threads: int = 0
     save_every: int = 50
+    stop_after: int = 0
 
 
-def _save_student(student, cfg: DistillConfig, teacher_hash: str) -> None:
+def _save_student(student, cfg: DistillConfig, teacher_hash: str, steps_done: int) -> None:
     save_expert(student, cfg.out)
     with open(os.path.join(cfg.out, STUDENT_INFO), "w") as f:
         json.dump({"kind": "fewstep_expert", "teacher": os.path.abspath(cfg.vla), "backbone_sha256_16": teacher_hash,
-                   "student_steps": cfg.student_steps, "config": asdict(cfg)}, f, indent=2)
+                   "student_steps": cfg.student_steps, "steps_done": steps_done, "config": asdict(cfg)}, f, indent=2)
+
+
+def _check_config(cfg: DistillConfig) -> None:
+    if not cfg.vla:
+        raise InvalidInputError("name the teacher VLA folder (--vla)")
+    checks = [(cfg.student_steps >= 1, "student_steps must be >= 1"), (cfg.steps >= 0, "steps must be >= 0"),
+              (cfg.batch_size >= 1, "batch_size must be >= 1"), (cfg.save_every >= 1, "save_every must be >= 1"),
+              (cfg.lr > 0, "lr must be > 0"), (0 <= cfg.stream_mask <= 1, "stream_mask must be in [0, 1]"),
+              (0 <= cfg.perturb <= 1, "perturb must be in [0, 1]"), (cfg.stop_after >= 0, "stop_after must be >= 0")]
+    for ok, msg in checks:
+        if not ok:
+            raise InvalidInputError(f"{msg} (got {asdict(cfg)})")
+    if os.path.realpath(cfg.out) == os.path.realpath(cfg.vla) or os.path.isfile(os.path.join(cfg.out, "model.safetensors")):
+        raise InvalidInputError(f"--out {cfg.out} is a VLA folder: the student would overwrite its expert; "
+                                "give the student a folder of its own")
 
 
 def load_student(path: str, vla: DrivingVLA, vla_path: str | None = None):
-    """A distilled expert from ``path`` for ``vla`` (moved to its dtype and device). With ``vla_path`` (the VLA's
-    folder) the backbone it was distilled on is checked: a student reads the backbone's cache, so one distilled on
-    another backbone (a fine-tune, say) is refused.
+    """A distilled expert from ``path`` for ``vla`` (moved to its dtype and device). A student reads the backbone's
+    cache, so one distilled on another backbone (a fine-tune, say) is refused: ``vla_path`` (default: the folder
+    ``vla`` was loaded from, ``vla.name_or_path``) must hold the backbone it was distilled on; a VLA with no folder
+    cannot be checked and is refused too.
 
     Example:
         >>> student = load_student("/tmp/fewstep", vla, "drivers/assets/driving-vla")   # doctest: +SKIP
@@ -129,26 +171,46 @@ def load_student(path: str, vla: DrivingVLA, vla_path: str | None = None):
                                 "python -m mmspec.drivers.distill writes one)")
     with open(info_path) as f:
         info = json.load(f)
-    if vla_path is not None and os.path.isfile(os.path.join(vla_path, "model.safetensors")):
-        have = backbone_hash(vla_path)
-        if have != info["backbone_sha256_16"]:
-            raise InvalidInputError(f"{path} was distilled on another backbone ({info['backbone_sha256_16']}, "
-                                    f"this VLA's is {have}): distil it again on this VLA")
+    vla_path = vla_path or getattr(vla, "name_or_path", None)
+    if vla_path is None:
+        raise InvalidInputError("cannot check which backbone this VLA is (it was not loaded from a folder): save it and "
+                                "load it with DrivingVLA.from_pretrained before using a distilled expert")
+    have = backbone_hash(vla_path)
+    if have != info["backbone_sha256_16"]:
+        raise InvalidInputError(f"{path} was distilled on another backbone ({info['backbone_sha256_16']}, "
+                                f"this VLA's is {have}): distil it again on this VLA")
     p = next(vla.expert.parameters())
     return load_expert(path, vla.backbone.config.text_config).to(device=p.device, dtype=p.dtype).eval()
 
 
 def distill_expert(cfg: DistillConfig, progress: bool = True):
     """Distil ``cfg.vla``'s action expert into a ``cfg.student_steps``-step student (see the module docstring);
-    resumes from ``cfg.out/state.pt``; returns the student (saved under ``cfg.out`` every ``save_every`` steps)."""
+    returns the student, saved under ``cfg.out`` every ``save_every`` steps. A killed run resumes from
+    ``cfg.out/distill_state.pt`` (weights, optimiser and step in one file, replaced atomically) exactly where it saved;
+    resuming with another teacher or step count is refused.
+
+    Example:
+        >>> s = distill_expert(DistillConfig(vla="drivers/assets/driving-vla", out="/tmp/u2", steps=0))  # doctest: +SKIP
+        >>> s.num_steps                                    # the expert itself at 2 uniform steps: the baseline  # doctest: +SKIP
+        2
+    """
     from tqdm import tqdm
 
     from mmspec.vision.testbed import make_batch
 
-    if cfg.student_steps < 1:
-        raise InvalidInputError(f"student_steps must be >= 1 (got {cfg.student_steps})")
-    if not cfg.vla:
-        raise InvalidInputError("name the teacher VLA folder (--vla)")
+    _check_config(cfg)
+    teacher_hash = backbone_hash(cfg.vla)  # also: is it a VLA folder, before anything loads
+    state_path = os.path.join(cfg.out, STATE)
+    resume = os.path.isfile(state_path)
+    if resume:
+        with open(os.path.join(cfg.out, STUDENT_INFO)) as f:
+            info = json.load(f)
+        if cfg.steps == 0:
+            raise InvalidInputError(f"{cfg.out} holds a distillation run: the untrained baseline (--steps 0) needs a "
+                                    "folder of its own")
+        if (info["backbone_sha256_16"], info["student_steps"]) != (teacher_hash, cfg.student_steps):
+            raise InvalidInputError(f"{cfg.out} was distilled from another VLA or into another step count "
+                                    f"({info['teacher']}, {info['student_steps']} steps): use another --out")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     vla = DrivingVLA.from_pretrained(cfg.vla, dtype=torch.float32)
@@ -156,17 +218,13 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
         p.requires_grad_(False)
     teacher = vla.expert
     os.makedirs(cfg.out, exist_ok=True)
-    state_path = os.path.join(cfg.out, "state.pt")
-    resume = os.path.isfile(state_path)
-    student = load_expert(cfg.out, vla.backbone.config.text_config) if resume else copy.deepcopy(teacher)
+    student = copy.deepcopy(teacher)
     student.num_steps = cfg.student_steps
-    student.train()
-    for p in student.parameters():
-        p.requires_grad_(True)
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0)
     start_step = 0
     if resume:
         saved = torch.load(state_path, weights_only=True)
+        student.load_state_dict(saved["student"])
         opt.load_state_dict(saved["optimizer"])
         start_step = int(saved["step"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.warmup, cfg.steps))
@@ -174,20 +232,24 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
         sched.step()
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     trim_log(log_path, start_step)
-    teacher_hash = backbone_hash(cfg.vla)
     if cfg.steps == 0:  # the teacher itself at student_steps uniform steps: the baseline a student must beat
-        _save_student(student.eval(), cfg, teacher_hash)
+        _save_student(student.eval(), cfg, teacher_hash, 0)
         return student
+    student.train()
+    for p in student.parameters():
+        p.requires_grad_(True)
     T, S = teacher.num_steps, cfg.student_steps
     # Student step j ends at time (j+1)/S; the teacher's grid has it when T (j+1) / S is a whole step.
     aligned = [(j, T * (j + 1) // S - 1) for j in range(S) if (T * (j + 1)) % S == 0]
     wl = get_workload("driving", labels=True, perturb=cfg.perturb)
     gen = torch.Generator()
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not progress,
+    end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
+    bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, disable=not progress,
                desc="distil expert")
     for step in bar:
         t0 = time.perf_counter()
-        gen.manual_seed(cfg.seed * 1_000_003 + step)
+        gen.manual_seed(cfg.seed * 1_000_003 + step)  # resumable: step s's noise does not depend on history
+        # golden-ratio spacing: every run of steps gets about stream_mask of masked ones, and it depends on the step only
         masked = cfg.stream_mask > 0 and (step * 0.6180339887) % 1.0 < cfg.stream_mask
         examples = wl.examples("train", cfg.batch_size, start=step * cfg.batch_size)
         with torch.no_grad():
@@ -209,12 +271,13 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
         bar.set_postfix(loss=rec["loss"], final=rec["final_mse"])
         with open(log_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            _save_student(student.eval(), cfg, teacher_hash)
-            student.train()
+        if (step + 1) % cfg.save_every == 0 or step + 1 == end:
+            # The resume point first, in one atomic replace; the exported student after it (rewritten on resume).
             tmp = state_path + ".tmp"
-            torch.save({"optimizer": opt.state_dict(), "step": step + 1}, tmp)
+            torch.save({"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}, tmp)
             os.replace(tmp, state_path)
+            _save_student(student.eval(), cfg, teacher_hash, step + 1)
+            student.train()
     return student.eval()
 
 

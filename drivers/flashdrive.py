@@ -106,7 +106,8 @@ class FlashDriveConfig:
         reuse_reasoning: with speculative reasoning, the first round drafts the rest of the last tick's reasoning
             (:class:`ReasoningReuseDrafter`; the drafter takes over from the first mismatch). Exact like ``spec``.
         expert: a distilled few-step action expert's folder (:func:`mmspec.drivers.distill.load_student`; it must
-            have been distilled on this VLA's backbone), used instead of the VLA's own expert (lossy); ``None``: the
+            have been distilled on this VLA's backbone), used instead of the VLA's own expert (lossy); it replaces the
+            step cache (``step_cache`` is set to ``None``: its thresholds are for the 10-step expert); ``None``: the
             VLA's expert.
 
     Example:
@@ -140,12 +141,18 @@ class FlashDriveConfig:
         if self.stream and not self.vision_cache:
             object.__setattr__(self, "vision_cache", True)  # a kept frame's features are what streaming keeps
         StepCache(self.step_cache or "adaptive", self.threshold, self.cache_steps)  # validates the settings
+        if self.expert is not None:
+            name = str(self.expert) if isinstance(self.expert, (str, os.PathLike)) else ""
+            if not name or name.startswith("<"):  # "<--expert>": drive-sim's placeholder, never a folder
+                raise InvalidInputError(f"expert must be a distilled expert's folder (got {self.expert!r})")
+            object.__setattr__(self, "step_cache", None)  # the student integrates in its own few steps
 
     @classmethod
     def parse(cls, spec) -> "FlashDriveConfig | None":
         """``True`` (all; speculative reasoning where a drafter fits, ``spec="auto"``), ``False`` / ``None`` (off:
-        plain), a comma list of :data:`MECHANISMS` (each alone or together; ``stream-shift`` is streaming without
-        re-rotation; ``spec`` requires a drafter), a dict of fields (fields it leaves out keep their defaults,
+        plain), a comma list of :data:`MECHANISMS` but ``fewstep`` (each alone or together; ``stream-shift`` is
+        streaming without re-rotation; ``spec`` requires a drafter; the few-step expert needs its folder, so only a
+        dict or config turns it on), a dict of fields (fields it leaves out keep their defaults,
         ``spec="auto"`` among them: a dict config speculates where a drafter fits unless it says ``"spec": False``),
         or a config.
 
@@ -183,7 +190,8 @@ class FlashDriveConfig:
                 elif n.replace("-", "_") in MECHANISMS:
                     kw[n.replace("-", "_")] = True
                 else:
-                    raise InvalidInputError(f"unknown FlashDrive mechanism {n!r}; use some of {list(MECHANISMS)}, "
+                    raise InvalidInputError(f"unknown FlashDrive mechanism {n!r}; use some of "
+                                            f"{[m for m in MECHANISMS if m != 'fewstep']}, "
                                             "stream-shift, step_cache_fixed, or 'flashdrive' for all")
             return cls(**kw)
         raise InvalidInputError(f"flashdrive must be True, a mechanism list or a FlashDriveConfig (got {spec!r})")
@@ -197,7 +205,7 @@ class FlashDriveConfig:
     @property
     def exact(self) -> bool:
         """Whether every mechanism on is exact (the vision cache, the system level and greedy-verified speculative
-        reasoning are; streaming and step caching approximate). Speculative reasoning is exact in fp32 only:
+        reasoning are; streaming, step caching and the few-step expert approximate). Speculative reasoning is exact in fp32 only:
         :attr:`FlashDriveEngine.exact` also reads the model's dtype."""
         return not self.stream and self.step_cache is None and self.expert is None
 
@@ -384,7 +392,7 @@ class FlashDriveEngine:
         if config.expert is not None:
             from .distill import load_student
 
-            self.expert = load_student(os.path.expanduser(str(config.expert)), vla, getattr(vla, "name_or_path", None))
+            self.expert = load_student(os.path.expanduser(str(config.expert)), vla)
         self._features: OrderedDict = OrderedDict()  # frame hash -> (features [n, H], grid [3])
         self._templates: dict = {}
         self._stream: _Stream | None = None

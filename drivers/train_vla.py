@@ -110,7 +110,7 @@ class DrivingVLA(torch.nn.Module):
         backbone = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
         expert = load_expert(path, backbone.config.text_config)
         vla = cls(backbone, AutoProcessor.from_pretrained(path), expert.to(backbone.dtype).eval())
-        vla.name_or_path = path  # the folder: a distilled expert checks it was distilled on this backbone
+        vla.name_or_path = os.path.abspath(path)  # a distilled expert checks it was distilled on this backbone
         return vla
 
 
@@ -141,8 +141,7 @@ def load_expert(path: str, text_config) -> TrajectoryExpert:
 
     with open(os.path.join(path, EXPERT_CONFIG)) as f:
         expert = TrajectoryExpert(text_config, **{**LEGACY_NORMALIZATION, **json.load(f)})
-    state = load_file(os.path.join(path, EXPERT_NAME))
-    expert.load_state_dict({k: v.float() for k, v in state.items()})
+    expert.load_state_dict(load_file(os.path.join(path, EXPERT_NAME)))  # copied into float32 parameters
     return expert.eval()
 
 
