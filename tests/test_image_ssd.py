@@ -267,6 +267,9 @@ def test_cached_feats_equal_teacher_forced_recompute(small):
     n = d._n[0]  # the last round's states are never ingested (no round follows)
     assert n >= 8
     assert torch.allclose(d._feats[0, :n].float(), rec_g[:n], atol=1e-4)
+    # The code half of the state table the head reads: each committed slot's own code embedded, written once.
+    nc, H = d._n_codes[0], d.hidden_size
+    assert nc >= n and torch.equal(d._states[0, :nc, H:], d.head.code_embed(codes[0, :nc].to(d._states.device)))
     assert rec["feats"].shape == (16, 32) and rec["logits"].shape == (16, 16)
     loss = SpatialLoss(d, rounds_per_record=4)
     losses, accs = loss({"tokens": rec["tokens"][None], "feats": rec["feats"][None].float(),
