@@ -40,10 +40,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from mmspec.acceptance import AcceptResult, SpeculativeSamplingRule, register_rule
+from mmspec.acceptance import SpeculativeSamplingRule, register_rule
 
 __all__ = ["RelaxedRule", "LanternRule", "CSDRule", "GSDRule", "code_neighbours"]
 
@@ -61,46 +60,12 @@ class RelaxedRule(SpeculativeSamplingRule):
         """Probability of accepting draft ``x`` drawn from ``q`` under the target's ``p`` (both ``[V]``)."""
         raise NotImplementedError  # abstract: every rule overrides it
 
-    # A rule that can score every node of a chain in one batched call sets this and implements accept_probs.
-    batched = False
-
+    # A rule that can score every node of a chain in one call sets ``batched = True`` and implements accept_probs;
+    # the core's walk then takes a chain in one pass (SpeculativeSamplingRule._chain), drawing what its node walk draws.
     def accept_probs(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> list:
         """:meth:`accept_prob` of ``n`` nodes at once (``p``, ``q``: ``[n, V]``, ``x``: ``[n]``): a list of floats.
         Only rules with ``batched = True`` implement it."""
         raise NotImplementedError  # only batched rules override it
-
-    def accept(self, tree, scores, generator=None):
-        """The core's walk (:meth:`~mmspec.acceptance.SpeculativeSamplingRule.accept`); on a chain, for a
-        ``batched`` rule, every node's acceptance probability comes from one :meth:`accept_probs` call (the walk
-        then reads them node by node, drawing exactly what the core's walk draws: a uniform per node tested,
-        then the next token from the normalised residual or, past the last node, from ``p``)."""
-        n = len(tree)
-        if not self.batched or not n or not (tree.parents == np.arange(-1, n - 1)).all():
-            return super().accept(tree, scores, generator)
-        if generator is not None and generator.device != scores.device:
-            scores = scores.to(generator.device)  # draws must come from the caller's generator
-        probs = torch.softmax(scores.float(), dim=-1)
-        dev = probs.device
-        x = torch.as_tensor(tree.tokens, dtype=torch.long, device=dev)
-        rows = torch.arange(n, device=dev)
-        onehot = torch.zeros(n, probs.shape[-1], device=dev)
-        onehot[rows, x] = 1.0
-        if tree.draft_probs is None:
-            q = onehot
-        else:  # a node its q could not have produced (underflow, filtering after sampling) is a one-hot proposal
-            q = tree.draft_probs.to(dev, torch.float32)
-            q = torch.where((q[rows, x] > 0)[:, None], q, onehot)
-        probs_x = self.accept_probs(probs[:n], q, x)
-        for c in range(n):
-            u = torch.rand((), generator=generator, device=dev)
-            if float(u) < probs_x[c]:
-                continue
-            xc = int(tree.tokens[c])
-            p = self.residual(probs[c].clone(), q[c], xc)
-            total = p.sum()
-            p = probs[c].clone() if total <= 0 else p / total  # an empty residual: the target's own p
-            return AcceptResult(list(range(c)), int(torch.multinomial(p, 1, generator=generator).item()))
-        return AcceptResult(list(range(n)), int(torch.multinomial(probs[n].clone(), 1, generator=generator).item()))
 
 
 def code_neighbours(codebook: torch.Tensor, k: int, chunk: int = 1024) -> torch.Tensor:

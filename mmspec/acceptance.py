@@ -35,6 +35,7 @@ import json
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .tree import DraftTree
@@ -107,6 +108,28 @@ def _results(out) -> list:
     (one device-to-host copy for the batch)."""
     lengths, path, committed = (t.tolist() for t in (out.lengths, out.path, out.committed))
     return [AcceptResult(path[r][:k], int(committed[r][k])) for r, k in enumerate(lengths)]
+
+
+def _first_rejection(acc: list, generator, device) -> int:
+    """Index of the first of ``n`` chain nodes whose uniform fails its test (``u < acc[i]``), ``n`` if none does,
+    drawing from ``generator`` exactly what a node-by-node walk draws: one uniform per node up to and including
+    the failing one. On a CPU generator ``rand(n)`` yields the values of ``n`` scalar draws in order, so the draws
+    are made at once and the generator rewound and advanced by the walk's count; elsewhere (a device generator's
+    stream depends on how draws are batched) node by node."""
+    n = len(acc)
+    if device.type != "cpu":
+        for i in range(n):
+            if not float(torch.rand((), generator=generator, device=device)) < acc[i]:
+                return i
+        return n
+    gen = torch.default_generator if generator is None else generator
+    state = gen.get_state()
+    u = torch.rand(n, generator=gen, device=device).tolist()
+    k = next((i for i in range(n) if not u[i] < acc[i]), n)
+    if k + 1 < n:  # the walk stops drawing at the first rejection
+        gen.set_state(state)
+        torch.rand(k + 1, generator=gen, device=device)
+    return k
 
 
 class GreedyRule(AcceptanceRule):
@@ -197,10 +220,73 @@ class SpeculativeSamplingRule(AcceptanceRule):
         """
         return torch.clamp(p - q, min=0.0)
 
+    # A rule that overrides the hooks sets this when its accept_probs scores a chain's nodes in one call (the
+    # lossless hooks always can); then chains take the one-pass walk (:meth:`_chain`), other trees the node walk.
+    batched = False
+
+    def accept_probs(self, p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> list:
+        """:meth:`accept_prob` of ``n`` chain nodes at once, a list of floats: ``p`` ``[n, V]`` (node ``i``'s target
+        distribution), ``q`` ``[n, V]`` (a one-hot row for a deterministic draft) or ``None`` when every node is
+        deterministic, ``x`` ``[n]`` the drafted tokens. Here ``min(1, p(x) / q(x))``, computed as the per-node test
+        computes it (doubles of the float32 values); a ``batched`` relaxed rule overrides it.
+
+        Example:
+            >>> p, q = torch.tensor([[0.2, 0.8], [0.6, 0.4]]), torch.tensor([[0.5, 0.5], [0.0, 1.0]])
+            >>> [round(a, 3) for a in SpeculativeSamplingRule().accept_probs(p, q, torch.tensor([0, 1]))]
+            [0.4, 0.4]
+        """
+        rows = torch.arange(len(x), device=p.device)
+        px = p[rows, x].tolist()
+        if q is None:  # one-hot drafts: min(1, p(x) / 1) = p(x)
+            return px
+        return [min(1.0, a / b) for a, b in zip(px, q[rows, x].tolist())]
+
     def accept(self, tree, scores, generator=None):
+        """Walk ``tree`` (see the class); a chain, under the lossless hooks or a ``batched`` rule, in one pass
+        (:meth:`_chain`: the same draws, so the same result and generator state for any seed)."""
         if generator is not None and generator.device != scores.device:
             scores = scores.to(generator.device)  # draws must come from the caller's generator
         probs = torch.softmax(scores.float(), dim=-1)
+        n = len(tree)
+        if n and (self.batched or _own_accept(self, SpeculativeSamplingRule)) \
+                and (tree.parents == np.arange(-1, n - 1)).all():
+            return self._chain(tree, probs, generator)
+        return self._walk_nodes(tree, probs, generator)
+
+    def _chain(self, tree: DraftTree, probs: torch.Tensor, generator) -> AcceptResult:
+        """:meth:`_walk_nodes` on a chain in one pass: every node's acceptance probability from one
+        :meth:`accept_probs` call, the uniforms tested at once (:func:`_first_rejection`), then the next token from
+        the rejected node's normalised residual (the target's ``p`` there if it is empty) or, past the last node,
+        from ``p``. The draws are the walk's, value for value and in its order."""
+        n = len(tree)
+        dev = probs.device
+        x = torch.as_tensor(tree.tokens, dtype=torch.long, device=dev)
+        q = tree.draft_probs
+        if q is not None or not _own_accept(self, SpeculativeSamplingRule):
+            # The hooks read q as [n, V]: a deterministic draft, or a token its q could not have produced
+            # (underflow, filtering after sampling), is a one-hot proposal.
+            rows = torch.arange(n, device=dev)
+            onehot = torch.zeros(n, probs.shape[-1], device=dev)
+            onehot[rows, x] = 1.0
+            q = onehot if q is None else torch.where((q.to(dev, torch.float32)[rows, x] > 0)[:, None],
+                                                     q.to(dev, torch.float32), onehot)
+        k = _first_rejection(self.accept_probs(probs[:n], q, x), generator, dev)
+        if k == n:
+            return AcceptResult(list(range(n)), int(torch.multinomial(probs[n], 1, generator=generator).item()))
+        xk = int(tree.tokens[k])
+        p = probs[k].clone()
+        if q is None:  # max(0, p - onehot(x)) without a vocabulary-sized q
+            p[xk] = 0.0
+        else:
+            p = self.residual(p, q[k], xk)
+        total = p.sum()
+        p = probs[k].clone() if total <= 0 else p / total  # as the walk: an empty residual draws from p
+        return AcceptResult(list(range(k)), int(torch.multinomial(p, 1, generator=generator).item()))
+
+    def _walk_nodes(self, tree: DraftTree, probs: torch.Tensor, generator) -> AcceptResult:
+        """The walk node by node, for any tree (``probs``: the softmax of the processed scores, on the generator's
+        device): each node's children in order, a uniform per child tested, a rejection turning ``p`` into the
+        normalised residual; :meth:`_chain`'s reference."""
         q_all = tree.draft_probs
         kids = tree.children()
         tokens = tree.tokens

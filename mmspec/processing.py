@@ -9,7 +9,10 @@ Three cost tiers, picked once per call:
 
 * no processors (plain greedy): the raw logits;
 * processors that read only the scores (temperature, top-k, top-p, ...: the sampling default): one call on
-  all nodes of all rows at once;
+  all nodes of all rows at once; when every processor is exactly one of transformers' scores-only classes they
+  are called directly (``LogitsProcessorList`` inspects each one's signature on every call) and
+  ``SuppressTokensLogitsProcessor``'s mask is built once per vocabulary size and device (it rebuilds it with
+  ``isin`` over the vocabulary on every call): the same scores, bit for bit;
 * history readers: one call per depth per row, on stacked histories; a processor that may hold per-row
   state (a batch-shaped tensor, a batch id) runs each node in its own row's slot of a full-batch call.
 
@@ -43,6 +46,38 @@ _ROW_FREE = _SCORES_ONLY | {
     "ForcedEOSTokenLogitsProcessor", "ExponentialDecayLengthPenalty", "SuppressTokensLogitsProcessor",
     "SuppressTokensAtBeginLogitsProcessor",
 }
+
+
+class _SuppressOnce:
+    """``SuppressTokensLogitsProcessor`` with its mask built once per (vocabulary size, device): ``-inf`` at the
+    suppressed ids, the scores elsewhere, as its ``torch.where`` gives them."""
+
+    def __init__(self, processor):
+        self.tokens = processor.suppress_tokens
+        self._masks: dict = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        key = (scores.shape[-1], scores.device)
+        mask = self._masks.get(key)
+        if mask is None:
+            vocab = torch.arange(scores.shape[-1], device=scores.device)
+            mask = self._masks[key] = torch.isin(vocab, self.tokens.to(scores.device))
+        return scores.masked_fill(mask, -float("inf"))
+
+
+def _direct(processors) -> list | None:
+    """``processors`` as plain ``(input_ids, scores)`` callables, in order, when each is exactly (not a subclass of)
+    one of transformers' scores-only classes, whose ``__call__`` takes just those two (what ``LogitsProcessorList``
+    would find by inspecting it); ``None`` otherwise."""
+    from transformers.generation import logits_process
+
+    out = []
+    for p in processors:
+        name = type(p).__name__
+        if name not in _SCORES_ONLY or type(p) is not getattr(logits_process, name, None):
+            return None
+        out.append(_SuppressOnce(p) if name == "SuppressTokensLogitsProcessor" else p)
+    return out
 
 
 def _row_view(processors, row: int):
@@ -82,10 +117,20 @@ class TreeLogitsProcessor:
         else:
             self.mode = "history"
         self._views: dict = {}
+        self._direct = _direct(processors) if self.mode == "scores-only" else None
+
+    def _scores_only(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._direct is None:
+            return self.processors(input_ids, scores)
+        for p in self._direct:
+            scores = p(input_ids, scores)
+        return scores
 
     def first(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Scores for the token after the prompt (the prefill step), for the whole batch."""
-        return self.processors(input_ids, logits) if self.mode != "none" else logits
+        if self.mode == "none":
+            return logits
+        return self._scores_only(input_ids, logits) if self.mode == "scores-only" else self.processors(input_ids, logits)
 
     def __call__(self, rows: list[int], generated: list[list[int]], trees: list[DraftTree], logits: torch.Tensor):
         """``logits[B, Q, V]`` of the active ``rows`` -> processed scores (a tensor, or a list per row)."""
@@ -94,7 +139,7 @@ class TreeLogitsProcessor:
         if self.mode == "scores-only":
             b, q, v = logits.shape
             dummy = torch.zeros(b * q, 1, dtype=torch.long, device=logits.device)
-            return self.processors(dummy, logits.reshape(b * q, v)).reshape(b, q, v)
+            return self._scores_only(dummy, logits.reshape(b * q, v)).reshape(b, q, v)
         return [self._row(r, generated[r], t, logits[i, : len(t) + 1]) for i, (r, t) in enumerate(zip(rows, trees))]
 
     def _row(self, row: int, generated: list[int], tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:

@@ -183,11 +183,9 @@ def test_walk_follows_the_rule(make):
 
 
 def test_batched_chain_walk_draws_what_the_core_walk_draws():
-    """CSD scores a chain's nodes in one call (RelaxedRule.accept); the walk must still draw exactly what the core's
-    node-by-node walk draws from the same seed (path and next token), with sampled and deterministic drafts, with
-    early rejections and whole chains accepted."""
-    from mmspec.acceptance import SpeculativeSamplingRule
-
+    """CSD (batched) scores a chain's nodes in one call and takes the core's one-pass chain walk; it must draw exactly
+    what the core's node-by-node walk draws from the same seed (path, next token, generator state after), with
+    sampled and deterministic drafts, with early rejections and whole chains accepted."""
     torch.manual_seed(0)
     seen = Counter()
     for trial in range(300):
@@ -200,8 +198,10 @@ def test_batched_chain_walk_draws_what_the_core_walk_draws():
             q[0, tokens[0]] = 0.0  # a token its q could not have made: walked as a one-hot proposal
         tree = DraftTree.from_chain(tokens, q)
         rule = CSDRule(weight=0.3, tv_gate=0.9)
-        got = rule.accept(tree, scores, torch.Generator().manual_seed(trial))
-        want = SpeculativeSamplingRule.accept(rule, tree, scores, torch.Generator().manual_seed(trial))
+        g_new, g_old = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
+        got = rule.accept(tree, scores, g_new)
+        want = rule._walk_nodes(tree, torch.softmax(scores, dim=-1), g_old)
         assert got == want, (trial, got, want)
+        assert torch.equal(g_new.get_state(), g_old.get_state()), trial
         seen[len(got.path) == n] += 1
     assert seen[True] > 20 and seen[False] > 20, seen
