@@ -56,13 +56,14 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
 
 
 # ---------------------------------------------------------------------------- mmspec drive-sim
-FEWSTEP = "<--expert>"  # stands for the distilled expert's folder, which drive-sim's expert= fills in
+FEWSTEP = "<--expert>"  # stands for the distilled expert: drive-sim's expert= folder, else the one the VLA ships
 SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False,
                                         "spec": False},
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
                "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2, "spec": False},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
-               "flashdrive": True, "flashdrive-refresh2": {"refresh_every": 2},
+               "flashdrive": True, "flashdrive-stepcache": {"expert": None},
+               "flashdrive-refresh2": {"refresh_every": 2},
                "flashdrive-noreuse": {"reuse_reasoning": False},
                "fewstep": {"vision_cache": False, "stream": False, "step_cache": None, "system": True, "spec": False,
                            "expert": FEWSTEP},
@@ -70,9 +71,11 @@ SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False,
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
 mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
 which needs a drafter for the VLA; ``fewstep``: the few-step expert, with the system level it runs in), and
-``flashdrive`` (all; speculative reasoning when a drafter fits; ``flashdrive-noreuse`` without drafting the last
-tick's reasoning first; ``flashdrive-fewstep`` with the few-step expert in place of the step cache). The few-step
-systems need ``--expert DIR`` (a :mod:`mmspec.drivers.distill` student of the VLA's expert)."""
+``flashdrive`` (all; speculative reasoning when a drafter fits, the few-step expert when the VLA ships one, else the
+step cache; ``flashdrive-stepcache`` with the VLA's own expert and the step cache; ``flashdrive-noreuse`` without
+drafting the last tick's reasoning first; ``flashdrive-fewstep`` with the few-step expert in place of the step
+cache). The few-step systems take ``--expert DIR`` (a :mod:`mmspec.drivers.distill` student of the VLA's expert)
+or, without it, the student the VLA folder ships (``fewstep/``)."""
 
 
 def stage_record(system: str, stages: dict, quality: dict, note: str, dtype, exact: bool, budget_ms: float,
@@ -140,6 +143,7 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     from mmspec.errors import InvalidInputError
 
     from .clips import FUTURE_TICKS, HISTORY_TICKS, load_clip, sample_at, write_clip
+    from .distill import bundled_student
     from .flashdrive import FlashDriveConfig
     from .train_vla import model_policy
     from .world import DT, INCIDENTS, SCENARIO_KINDS, safety_events, scenario_for, simulate
@@ -151,15 +155,16 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
         raise InvalidInputError("drive-sim needs clips >= 0, closed >= 0 (not both 0), ticks >= 1, warmup >= 0, "
                                 "samples >= 1, closed-loop-start >= 0")
     fewstep = [s for s in systems if isinstance(SIM_SYSTEMS[s], dict) and SIM_SYSTEMS[s].get("expert") == FEWSTEP]
-    if fewstep and not expert:
+    if fewstep and not expert and bundled_student(model) is None:
         raise InvalidInputError(f"{', '.join(fewstep)} need a distilled few-step expert: --expert DIR "
-                                "(python -m mmspec.drivers.distill writes one)")
+                                f"(python -m mmspec.drivers.distill writes one; {model} ships none)")
     if closed and seconds <= 2.0 + DT:
         raise InvalidInputError(f"a closed-loop drive of {seconds} s ends before the hand-over at 2 s")
     vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(dtype, model, "cpu"))
     import dataclasses
 
-    configs = {s: FlashDriveConfig.parse({**SIM_SYSTEMS[s], "expert": expert} if s in fewstep else SIM_SYSTEMS[s])
+    configs = {s: FlashDriveConfig.parse({**SIM_SYSTEMS[s], "expert": expert or "bundled"} if s in fewstep
+                                         else SIM_SYSTEMS[s])
                for s in systems}
     if drafter is not None:
         configs = {s: c if c is None or not c.spec else dataclasses.replace(c, drafter=drafter)
@@ -293,7 +298,7 @@ def _sim_arguments(p) -> None:
                         "the bundled one)")
     p.add_argument("--expert", default=None,
                    help="a distilled few-step action expert (python -m mmspec.drivers.distill) for the fewstep systems "
-                        "and the step study")
+                        "and the step study (default: the one the VLA folder ships in fewstep/, if any)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -306,6 +311,7 @@ def _sim_run(args) -> int:
 
     from mmspec.errors import InvalidInputError
 
+    from .distill import bundled_student
     from .train_vla import bundled_vla
 
     if args.threads:
@@ -313,9 +319,10 @@ def _sim_run(args) -> int:
     model = args.model or bundled_vla()
     if model is None:
         raise InvalidInputError("no driving VLA bundled with this install: pass --model PATH")
-    if args.systems == "all":  # the few-step systems need a student: in "all" only when one is given
-        systems = [s for s in SIM_SYSTEMS if args.expert or not (isinstance(SIM_SYSTEMS[s], dict)
-                                                                  and SIM_SYSTEMS[s].get("expert") == FEWSTEP)]
+    student = args.expert or bundled_student(model)
+    if args.systems == "all":  # the few-step systems need a student: in "all" only when there is one
+        systems = [s for s in SIM_SYSTEMS if student or not (isinstance(SIM_SYSTEMS[s], dict)
+                                                             and SIM_SYSTEMS[s].get("expert") == FEWSTEP)]
     else:
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     recs = drive_sim(model, systems, args.clips, args.ticks, args.warmup, args.closed, args.seconds, args.budget_ms,
@@ -347,10 +354,10 @@ def _sim_run(args) -> int:
 
         vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(args.dtype, model, "cpu"))
         students = []
-        if args.expert:
+        if student:
             from .distill import load_student
 
-            st = load_student(args.expert, vla, model)
+            st = load_student(student, vla, model)
             students = [(f"few-step expert {st.num_steps}", st)]
         rows = step_cache_study(vla, get_workload("driving").examples("test", args.step_study), seed=args.seed,
                                 progress=not args.no_progress, students=students)

@@ -40,9 +40,11 @@ from mmspec.workloads import get_workload
 
 from .train_vla import EXPERT_NAME, DrivingVLA, expert_context, load_expert, save_expert
 
-__all__ = ["DistillConfig", "distill_expert", "euler_path", "load_student", "backbone_hash"]
+__all__ = ["DistillConfig", "distill_expert", "euler_path", "load_student", "backbone_hash", "bundled_student",
+           "export_student", "student_info"]
 
 STUDENT_INFO, STATE = "distill.json", "distill_state.pt"
+STUDENT_DIR = "fewstep"  # a VLA folder's own student (``train_vla export --student``): FlashDrive's default expert
 
 
 _HASHES: dict = {}  # (realpath, size, mtime_ns) of each weights file -> its hash: one read per file per process
@@ -76,6 +78,74 @@ def backbone_hash(path: str) -> str:
             _HASHES[key] = one.hexdigest()
         h.update(_HASHES[key].encode())
     return h.hexdigest()[:16]
+
+
+def student_info(path: str, vla_path: str) -> dict:
+    """The record (``distill.json``) of the distilled expert in ``path``, checked against the VLA folder ``vla_path``:
+    raises :class:`~mmspec.errors.InvalidInputError` unless ``path`` holds a student distilled on (or exported with)
+    that backbone.
+
+    Example:
+        >>> student_info("vla/fewstep", "vla")["student_steps"]                  # doctest: +SKIP
+        2
+    """
+    info_path = os.path.join(path, STUDENT_INFO)
+    if not os.path.isfile(info_path) or not os.path.isfile(os.path.join(path, EXPERT_NAME)):
+        raise InvalidInputError(f"{path} is not a distilled action expert (no {STUDENT_INFO} or {EXPERT_NAME}: "
+                                "python -m mmspec.drivers.distill writes one)")
+    with open(info_path) as f:
+        info = json.load(f)
+    have = backbone_hash(vla_path)
+    if have != info["backbone_sha256_16"]:
+        raise InvalidInputError(f"{path} was distilled on another backbone ({info['backbone_sha256_16']}, "
+                                f"{vla_path}'s is {have}): distil it again on this VLA")
+    return info
+
+
+def bundled_student(vla_path: str | None) -> str | None:
+    """The few-step student shipped inside the VLA folder ``vla_path`` (``vla_path/fewstep``, written by
+    ``python -m mmspec.drivers.train_vla export --student DIR``), or ``None`` when it ships none.
+
+    Example:
+        >>> bundled_student("/nonexistent") is None
+        True
+    """
+    if not vla_path:
+        return None
+    path = os.path.join(vla_path, STUDENT_DIR)
+    return path if os.path.isfile(os.path.join(path, STUDENT_INFO)) else None
+
+
+def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat16) -> str:
+    """Ship ``student`` (distilled on the VLA folder ``src_vla``) inside ``out_vla``, the exported copy of
+    ``src_vla`` (:func:`~mmspec.drivers.train_vla.export_vla`), as ``out_vla/fewstep`` with weights in ``dtype``.
+    The export rounds the backbone, so its weights hash changes: the student is re-bound to the exported backbone
+    (``distilled_on`` keeps the hash it was distilled on). Refused unless the student was distilled on ``src_vla``.
+
+    Example:
+        >>> export_student("/work/fewstep", "/work/vla-fp32", "drivers/assets/driving-vla")   # doctest: +SKIP
+        'drivers/assets/driving-vla/fewstep'
+    """
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from mmspec.checkpoints import save_state_compact
+
+    from .train_vla import EXPERT_CONFIG
+
+    info = student_info(student, src_vla)
+    out = os.path.join(out_vla, STUDENT_DIR)
+    os.makedirs(out, exist_ok=True)
+    save_state_compact(load_file(os.path.join(student, EXPERT_NAME)), os.path.join(out, EXPERT_NAME), dtype)
+    shutil.copy(os.path.join(student, EXPERT_CONFIG), os.path.join(out, EXPERT_CONFIG))
+    if os.path.isfile(os.path.join(student, "train_log.jsonl")):
+        shutil.copy(os.path.join(student, "train_log.jsonl"), os.path.join(out, "train_log.jsonl"))
+    info = {**info, "backbone_sha256_16": backbone_hash(out_vla), "distilled_on": info["backbone_sha256_16"],
+            "exported_from": os.path.abspath(student), "dtype": str(dtype).replace("torch.", "")}
+    with open(os.path.join(out, STUDENT_INFO), "w") as f:
+        json.dump(info, f, indent=2)
+    return out
 
 
 def euler_path(expert, x0, cache, start, valid, steps: int) -> list:
@@ -165,20 +235,11 @@ def load_student(path: str, vla: DrivingVLA, vla_path: str | None = None):
     Example:
         >>> student = load_student("/tmp/fewstep", vla, "drivers/assets/driving-vla")   # doctest: +SKIP
     """
-    info_path = os.path.join(path, STUDENT_INFO)
-    if not os.path.isfile(info_path) or not os.path.isfile(os.path.join(path, EXPERT_NAME)):
-        raise InvalidInputError(f"{path} is not a distilled action expert (no {STUDENT_INFO} or {EXPERT_NAME}: "
-                                "python -m mmspec.drivers.distill writes one)")
-    with open(info_path) as f:
-        info = json.load(f)
     vla_path = vla_path or getattr(vla, "name_or_path", None)
     if vla_path is None:
         raise InvalidInputError("cannot check which backbone this VLA is (it was not loaded from a folder): save it and "
                                 "load it with DrivingVLA.from_pretrained before using a distilled expert")
-    have = backbone_hash(vla_path)
-    if have != info["backbone_sha256_16"]:
-        raise InvalidInputError(f"{path} was distilled on another backbone ({info['backbone_sha256_16']}, "
-                                f"this VLA's is {have}): distil it again on this VLA")
+    student_info(path, vla_path)
     p = next(vla.expert.parameters())
     return load_expert(path, vla.backbone.config.text_config).to(device=p.device, dtype=p.dtype).eval()
 

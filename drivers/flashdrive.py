@@ -16,9 +16,11 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
   (the tests use that).
 * **step cache** (``step_cache``, approximate): :class:`~mmspec.drivers.vla.StepCache` reuses the last
   velocity of the flow-matching head on some Euler steps (adaptive threshold or fixed schedule).
-* **few-step expert** (``expert=DIR``, approximate): the flow head integrates with a student of the action
-  expert distilled into 2-3 Euler steps (:mod:`mmspec.drivers.distill`) instead of the VLA's own 10-step expert:
+* **few-step expert** (``fewstep``, approximate): the flow head integrates with a student of the action
+  expert distilled into 2 Euler steps (:mod:`mmspec.drivers.distill`) instead of the VLA's own 10-step expert:
   fewer head calls than the step cache at less drift from the 10-step trajectory (``drivers/assets/drive-sim``).
+  A VLA folder may ship its student (``fewstep/``); FlashDrive then uses it by default (``expert="auto"``) in
+  place of the step cache; ``expert=None`` keeps the VLA's own expert, ``expert=DIR`` takes another student.
 * **speculative reasoning** (``spec``, exact): a block drafter (a GLANCE head, ``mmspec train --kind glance
   --workload driving`` on the VLA's own greedy reasoning) drafts the reasoning a block at a time from the
   language model's states over the whole prompt (frames included); the core verifies it
@@ -105,10 +107,14 @@ class FlashDriveConfig:
             folder (read as ``glance:DIR``); ``None``: the bundled :data:`DRAFTER_DIR`.
         reuse_reasoning: with speculative reasoning, the first round drafts the rest of the last tick's reasoning
             (:class:`ReasoningReuseDrafter`; the drafter takes over from the first mismatch). Exact like ``spec``.
-        expert: a distilled few-step action expert's folder (:func:`mmspec.drivers.distill.load_student`; it must
-            have been distilled on this VLA's backbone), used instead of the VLA's own expert (lossy); it replaces the
-            step cache (``step_cache`` is set to ``None``: its thresholds are for the 10-step expert); ``None``: the
-            VLA's expert.
+        expert: the action expert that integrates the flow. ``"auto"`` (default): where the step cache is on, the
+            few-step student the VLA folder ships (``fewstep/``, :func:`mmspec.drivers.distill.bundled_student`)
+            replaces it when there is one distilled on this backbone; otherwise the VLA's own expert (which one ran
+            is said by :meth:`FlashDriveEngine.describe`; with ``step_cache=None`` "auto" never picks a student, so
+            an exact configuration stays exact); ``"bundled"``: that student, refused when the VLA ships none; a
+            distilled expert's folder (:func:`mmspec.drivers.distill.load_student`; distilled on this VLA's
+            backbone); ``None``: the VLA's own expert. A student is lossy and replaces the step cache (its
+            thresholds are for the 10-step expert).
 
     Example:
         >>> FlashDriveConfig.parse({"step_cache": "fixed", "stream": False}).step_cache
@@ -127,7 +133,7 @@ class FlashDriveConfig:
     spec: object = "auto"
     drafter: object = None
     reuse_reasoning: bool = True
-    expert: object = None
+    expert: object = "auto"
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
@@ -141,18 +147,19 @@ class FlashDriveConfig:
         if self.stream and not self.vision_cache:
             object.__setattr__(self, "vision_cache", True)  # a kept frame's features are what streaming keeps
         StepCache(self.step_cache or "adaptive", self.threshold, self.cache_steps)  # validates the settings
-        if self.expert is not None:
+        if self.expert not in (None, "auto", "bundled"):
             name = str(self.expert) if isinstance(self.expert, (str, os.PathLike)) else ""
             if not name or name.startswith("<"):  # "<--expert>": drive-sim's placeholder, never a folder
-                raise InvalidInputError(f"expert must be a distilled expert's folder (got {self.expert!r})")
+                raise InvalidInputError(f"expert must be None, 'auto', 'bundled' or a distilled expert's folder "
+                                        f"(got {self.expert!r})")
             object.__setattr__(self, "step_cache", None)  # the student integrates in its own few steps
 
     @classmethod
     def parse(cls, spec) -> "FlashDriveConfig | None":
         """``True`` (all; speculative reasoning where a drafter fits, ``spec="auto"``), ``False`` / ``None`` (off:
-        plain), a comma list of :data:`MECHANISMS` but ``fewstep`` (each alone or together; ``stream-shift`` is
-        streaming without re-rotation; ``spec`` requires a drafter; the few-step expert needs its folder, so only a
-        dict or config turns it on), a dict of fields (fields it leaves out keep their defaults,
+        plain), a comma list of :data:`MECHANISMS` (each alone or together; ``stream-shift`` is
+        streaming without re-rotation; ``spec`` requires a drafter; ``fewstep`` the student the VLA ships, refused
+        when it ships none; another student's folder takes a dict or config), a dict of fields (fields it leaves out keep their defaults,
         ``spec="auto"`` among them: a dict config speculates where a drafter fits unless it says ``"spec": False``),
         or a config.
 
@@ -176,7 +183,7 @@ class FlashDriveConfig:
             names = [n.strip() for n in spec.split(",") if n.strip()]
             if names == ["flashdrive"] or names == ["all"]:
                 return cls()
-            kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False)
+            kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False, expert=None)
             for n in names:
                 if n == "stream-shift":
                     kw.update(stream=True, rerotate=False)
@@ -185,13 +192,11 @@ class FlashDriveConfig:
                 elif n == "step_cache_fixed" or n == "step-cache-fixed":
                     kw["step_cache"] = "fixed"
                 elif n == "fewstep":
-                    raise InvalidInputError("the few-step expert needs its folder: pass a config with expert=DIR "
-                                            "(or drive-sim --expert DIR)")
+                    kw["expert"] = "bundled"
                 elif n.replace("-", "_") in MECHANISMS:
                     kw[n.replace("-", "_")] = True
                 else:
-                    raise InvalidInputError(f"unknown FlashDrive mechanism {n!r}; use some of "
-                                            f"{[m for m in MECHANISMS if m != 'fewstep']}, "
+                    raise InvalidInputError(f"unknown FlashDrive mechanism {n!r}; use some of {list(MECHANISMS)}, "
                                             "stream-shift, step_cache_fixed, or 'flashdrive' for all")
             return cls(**kw)
         raise InvalidInputError(f"flashdrive must be True, a mechanism list or a FlashDriveConfig (got {spec!r})")
@@ -199,15 +204,16 @@ class FlashDriveConfig:
     def names(self) -> list:
         """The mechanisms switched on, in :data:`MECHANISMS` order."""
         on = {"vision_cache": self.vision_cache, "stream": self.stream, "step_cache": self.step_cache is not None,
-              "fewstep": self.expert is not None, "system": self.system, "spec": bool(self.spec)}
+              "fewstep": self.expert not in (None, "auto"), "system": self.system, "spec": bool(self.spec)}
         return [m for m in MECHANISMS if on[m]]
 
     @property
     def exact(self) -> bool:
         """Whether every mechanism on is exact (the vision cache, the system level and greedy-verified speculative
-        reasoning are; streaming, step caching and the few-step expert approximate). Speculative reasoning is exact in fp32 only:
-        :attr:`FlashDriveEngine.exact` also reads the model's dtype."""
-        return not self.stream and self.step_cache is None and self.expert is None
+        reasoning are; streaming, step caching and the few-step expert approximate; ``expert="auto"`` picks a student
+        only in place of the step cache). Speculative reasoning is exact in fp32 only: :attr:`FlashDriveEngine.exact`
+        also reads the model's dtype."""
+        return not self.stream and self.step_cache is None and self.expert in (None, "auto")
 
     def step_cache_policy(self) -> StepCache | None:
         return None if self.step_cache is None else StepCache(self.step_cache, self.threshold, self.cache_steps)
@@ -387,12 +393,14 @@ class FlashDriveEngine:
         self.vision_start_id, self.vision_end_id = cfg.vision_start_token_id, cfg.vision_end_token_id
         eos = bb.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
-        self.step_cache = config.step_cache_policy()
+        self.student_path, self.expert_note = self._student(vla, config.expert, config.step_cache is not None)
         self.expert = vla.expert
-        if config.expert is not None:
+        self.step_cache = config.step_cache_policy()
+        if self.student_path is not None:
             from .distill import load_student
 
-            self.expert = load_student(os.path.expanduser(str(config.expert)), vla)
+            self.expert = load_student(self.student_path, vla)
+            self.step_cache = None  # the student integrates in its own few steps
         self._features: OrderedDict = OrderedDict()  # frame hash -> (features [n, H], grid [3])
         self._templates: dict = {}
         self._stream: _Stream | None = None
@@ -764,18 +772,49 @@ class FlashDriveEngine:
             >>> FlashDriveEngine(vla, FlashDriveConfig.parse("spec")).exact   # doctest: +SKIP
             True
         """
-        return self.config.exact and (self.drafter is None or self.backbone.dtype == torch.float32)
+        c = self.config
+        return (not c.stream and self.step_cache is None and self.student_path is None
+                and (self.drafter is None or self.backbone.dtype == torch.float32))
+
+    @staticmethod
+    def _student(vla, expert, step_cache: bool) -> tuple:
+        """``(folder of the few-step student to load or None, why the VLA's own expert runs)`` for ``expert``."""
+        from .distill import bundled_student, student_info
+
+        if expert is None or (expert == "auto" and not step_cache):
+            return None, ""
+        if expert not in ("auto", "bundled"):
+            return os.path.expanduser(str(expert)), ""
+        where = getattr(vla, "name_or_path", None)
+        path = bundled_student(where)
+        if expert == "bundled":
+            if path is None:
+                raise InvalidInputError(f"the VLA ({where or 'not loaded from a folder'}) ships no few-step expert "
+                                        "(fewstep/): name a distilled expert's folder (expert=DIR, drive-sim --expert)")
+            return path, ""
+        if path is None:
+            return None, "the VLA ships no few-step expert"
+        try:
+            student_info(path, where)
+        except InvalidInputError:  # a VLA saved over its old weights: its own expert is still right
+            return None, "the shipped few-step expert was distilled on other weights"
+        return path, ""
 
     def describe(self) -> str:
         c = self.config
-        parts = [m for m in self.config.names() if m != "spec" or self.drafter is not None]
+        on = dict.fromkeys(self.config.names(), True)
+        on.update(spec=self.drafter is not None, fewstep=self.student_path is not None,
+                  step_cache=self.step_cache is not None)
+        parts = [m for m in MECHANISMS if on.get(m)]
         extra = []
         if c.stream:
             extra.append("re-rotated" if c.rerotate else "shifted (no re-rotation)")
-        if c.step_cache:
+        if self.step_cache is not None:
             extra.append(repr(self.step_cache))
-        if c.expert is not None:
+        if self.student_path is not None:
             extra.append(f"few-step expert: {self.expert.num_steps} steps, lossy")
+        elif self.expert_note and c.expert is not None:
+            extra.append(f"the VLA's own expert: {self.expert_note}")
         if c.spec:
             extra.append(f"spec: {self.spec_note}")
         return "+".join(parts) + (f" ({', '.join(extra)})" if extra else "")

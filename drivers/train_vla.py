@@ -431,13 +431,31 @@ def bundled_vla() -> str | None:
     return VLA_DIR if os.path.isfile(os.path.join(VLA_DIR, EXPERT_NAME)) else None
 
 
-def export_vla(src: str, out: str = VLA_DIR, dtype=torch.bfloat16) -> str:
+def export_vla(src: str, out: str = VLA_DIR, dtype=torch.bfloat16, student: str | None = None) -> str:
     """The shippable copy of a trained VLA: weights in ``dtype`` (loaded as float32), training log and config
-    beside them. What ships is this rounded model; measurements use it, not ``src``."""
+    beside them. What ships is this rounded model; measurements use it, not ``src``. ``student``: a few-step
+    action expert distilled on ``src`` (:mod:`mmspec.drivers.distill`), shipped as ``out/fewstep`` and re-bound
+    to the exported backbone (FlashDrive's default expert for this VLA); a student that ``out`` held before is
+    removed, since it was bound to the weights this export replaces.
+
+    Example:
+        >>> export_vla("/work/vla-fp32", "/work/vla", student="/work/fewstep")         # doctest: +SKIP
+        '/work/vla'
+    """
+    import shutil
+
     from mmspec.checkpoints import copy_training_files
 
+    from .distill import STUDENT_DIR, export_student, student_info
+
+    if student:
+        student_info(student, src)  # refuse before anything under ``out`` is replaced
     DrivingVLA.from_pretrained(src, dtype=torch.float32).save_pretrained(out, dtype=dtype)
     copy_training_files(src, out)
+    if os.path.isdir(os.path.join(out, STUDENT_DIR)):
+        shutil.rmtree(os.path.join(out, STUDENT_DIR))
+    if student:
+        export_student(student, src, out, dtype)
     return out
 
 
@@ -661,6 +679,8 @@ def main(argv=None) -> int:
     x = sub.add_parser("export", help="write the shippable (bfloat16) copy of a trained VLA")
     x.add_argument("--model", required=True)
     x.add_argument("--out", default=VLA_DIR)
+    x.add_argument("--student", default=None, help="a few-step action expert distilled on --model, shipped as "
+                   "OUT/fewstep (FlashDrive's default expert for this VLA)")
     r = sub.add_parser("rollouts", help="let a VLA drive training scenarios and record it (DAgger's data)")
     r.add_argument("--model", required=True)
     r.add_argument("--out", required=True, help="JSONL file (appended to; a killed run resumes)")
@@ -687,7 +707,7 @@ def main(argv=None) -> int:
         print(json.dumps({"rows": len(rows), **bad}))
         return 0
     if args.cmd == "export":
-        print(export_vla(args.model, args.out))
+        print(export_vla(args.model, args.out, student=args.student))
         return 0
     model = args.model or bundled_vla()
     if not model:

@@ -164,14 +164,75 @@ def test_flashdrive_and_drive_sim_run_the_student(saved, tmp_path, capsys):
     study = {r["variant"]: r for r in data["step_cache_study"]}
     assert study["few-step expert 2"]["head_calls"] == 2 and study["few-step expert 2"]["drift_m"] > 0.0
 
+    from mmspec.drivers.train_vla import export_vla
 
-def test_the_fewstep_mechanism_needs_its_folder():
+    shipped = export_vla(saved, str(tmp_path / "shipped"), student=out)  # drive-sim finds the student it ships
+    rc = main(["drive-sim", "--model", shipped, "--systems", "flashdrive,flashdrive-stepcache", "--clips", "1",
+               "--ticks", "1", "--warmup", "0", "--closed-loop", "0", "--samples", "1", "--threads", "1",
+               "--clips-dir", str(tmp_path / "clips"), "--json", str(sim_json), "--no-progress"])
+    assert rc == 0
+    recs = {r["system"]: r for r in json.loads(sim_json.read_text())["results"]}
+    assert "few-step expert" in recs["flashdrive"]["note"] and "few-step" not in recs["flashdrive-stepcache"]["note"]
+
+
+def test_the_fewstep_mechanism_settings():
     from mmspec.drivers.flashdrive import FlashDriveConfig
 
-    with pytest.raises(InvalidInputError, match="needs its folder"):
-        FlashDriveConfig.parse("stream,fewstep")
+    assert FlashDriveConfig().expert == "auto" and FlashDriveConfig().step_cache == "adaptive"
+    assert FlashDriveConfig.parse("stream,fewstep").expert == "bundled"  # the student the VLA ships
+    assert FlashDriveConfig.parse("stream,step_cache").expert is None  # a mechanism list: only what it names
     cfg = FlashDriveConfig.parse({"expert": "/some/student"})  # the student replaces the step cache
     assert "fewstep" in cfg.names() and cfg.step_cache is None and not cfg.exact
+    assert FlashDriveConfig.parse({"stream": False, "step_cache": None}).exact  # "auto" only replaces the step cache
     for bad in ("", "<--expert>", True):
         with pytest.raises(InvalidInputError, match="distilled expert's folder"):
             FlashDriveConfig(expert=bad)
+
+
+def test_a_shipped_student_is_flashdrives_default(saved, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from mmspec.drivers import DrivingPipeline
+    from mmspec.drivers.distill import DistillConfig, backbone_hash, bundled_student, distill_expert
+    from mmspec.drivers.train_vla import DrivingVLA, export_vla
+
+    student = str(tmp_path / "fewstep")
+    distill_expert(DistillConfig(vla=saved, out=student, student_steps=2, steps=0), progress=False)
+    other = str(tmp_path / "other")
+    _tiny(seed=1).save_pretrained(other)
+    with pytest.raises(InvalidInputError, match="not distilled on|another backbone"):  # refused before writing
+        export_vla(other, str(tmp_path / "never"), student=student)
+    assert not (tmp_path / "never").exists()
+
+    shipped = export_vla(saved, str(tmp_path / "shipped"), student=student)
+    path = bundled_student(shipped)
+    assert path == f"{shipped}/fewstep"
+    info = json.load(open(f"{path}/distill.json"))
+    assert info["distilled_on"] == backbone_hash(saved) != info["backbone_sha256_16"] == backbone_hash(shipped)
+    assert {v.dtype for v in load_file(f"{path}/action_expert.safetensors").values()} == {torch.bfloat16}
+
+    def engine(vla_dir, flashdrive=True):
+        vla = DrivingVLA.from_pretrained(vla_dir, dtype=torch.float32)
+        return DrivingPipeline(vla, max_reasoning_tokens=3, flashdrive=flashdrive).engine
+
+    e = engine(shipped)  # the default: the shipped student, in place of the step cache
+    assert e.student_path == path and e.step_cache is None and e.expert.num_steps == 2
+    assert "fewstep" in e.describe() and "few-step expert: 2 steps, lossy" in e.describe()
+    assert "step_cache" not in e.describe()
+    e = engine(shipped, {"expert": None})  # the VLA's own expert with the step cache
+    assert e.student_path is None and e.step_cache is not None and e.expert.num_steps == 3
+    e = engine(shipped, {"stream": False, "step_cache": None, "spec": False})  # exact settings stay exact
+    assert e.student_path is None and e.exact
+    e = engine(saved)  # no student shipped: the VLA's own expert, said so
+    assert e.student_path is None and e.step_cache is not None and "ships no few-step expert" in e.describe()
+    with pytest.raises(InvalidInputError, match="ships no few-step expert"):
+        engine(saved, "fewstep")
+    shutil.copytree(path, f"{other}/fewstep")  # a student bound to other weights: never used by default
+    e = engine(other)
+    assert e.student_path is None and "distilled on other weights" in e.describe()
+    with pytest.raises(InvalidInputError, match="another backbone"):
+        engine(other, "fewstep")
+    export_vla(saved, shipped)  # re-exported without a student: the old one (bound to the old weights) goes
+    assert bundled_student(shipped) is None
