@@ -224,11 +224,11 @@ class SpeculativeSamplingRule(AcceptanceRule):
     # lossless hooks always can); then chains take the one-pass walk (:meth:`_chain`), other trees the node walk.
     batched = False
 
-    def accept_probs(self, p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> list:
-        """:meth:`accept_prob` of ``n`` chain nodes at once, a list of floats: ``p`` ``[n, V]`` (node ``i``'s target
-        distribution), ``q`` ``[n, V]`` (a one-hot row for a deterministic draft) or ``None`` when every node is
-        deterministic, ``x`` ``[n]`` the drafted tokens. Here ``min(1, p(x) / q(x))``, computed as the per-node test
-        computes it (doubles of the float32 values); a ``batched`` relaxed rule overrides it.
+    def accept_probs(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> list:
+        """:meth:`accept_prob` of ``n`` chain nodes at once, a list of floats: ``p``, ``q`` ``[n, V]`` (node ``i``'s
+        target and draft distributions; a one-hot ``q`` row for a deterministic draft), ``x`` ``[n]`` the drafted
+        tokens. Here ``min(1, p(x) / q(x))``, computed as the per-node test computes it (doubles of the float32
+        values); a ``batched`` relaxed rule overrides it.
 
         Example:
             >>> p, q = torch.tensor([[0.2, 0.8], [0.6, 0.4]]), torch.tensor([[0.5, 0.5], [0.0, 1.0]])
@@ -236,10 +236,7 @@ class SpeculativeSamplingRule(AcceptanceRule):
             [0.4, 0.4]
         """
         rows = torch.arange(len(x), device=p.device)
-        px = p[rows, x].tolist()
-        if q is None:  # one-hot drafts: min(1, p(x) / 1) = p(x)
-            return px
-        return [min(1.0, a / b) for a, b in zip(px, q[rows, x].tolist())]
+        return [min(1.0, a / b) for a, b in zip(p[rows, x].tolist(), q[rows, x].tolist())]
 
     def accept(self, tree, scores, generator=None):
         """Walk ``tree`` (see the class); a chain, under the lossless hooks or a ``batched`` rule, in one pass
@@ -254,23 +251,28 @@ class SpeculativeSamplingRule(AcceptanceRule):
         return self._walk_nodes(tree, probs, generator)
 
     def _chain(self, tree: DraftTree, probs: torch.Tensor, generator) -> AcceptResult:
-        """:meth:`_walk_nodes` on a chain in one pass: every node's acceptance probability from one
-        :meth:`accept_probs` call, the uniforms tested at once (:func:`_first_rejection`), then the next token from
+        """:meth:`_walk_nodes` on a chain in one pass: every node's acceptance probability at once (``p(x)`` in one
+        gather for deterministic drafts under the lossless test, else one :meth:`accept_probs` call), the uniforms
+        tested at once (:func:`_first_rejection`), then the next token from
         the rejected node's normalised residual (the target's ``p`` there if it is empty) or, past the last node,
         from ``p``. The draws are the walk's, value for value and in its order."""
-        n = len(tree)
+        n, v = len(tree), probs.shape[-1]
         dev = probs.device
-        x = torch.as_tensor(tree.tokens, dtype=torch.long, device=dev)
         q = tree.draft_probs
-        if q is not None or not _own_accept(self, SpeculativeSamplingRule):
+        if q is None and _own_accept(self, SpeculativeSamplingRule):
+            # Deterministic drafts under the lossless test: min(1, p(x) / 1) = p(x), one gather at flat indices.
+            acc = torch.take(probs, torch.from_numpy(tree.tokens + np.arange(0, n * v, v)).to(dev)).tolist()
+        else:
             # The hooks read q as [n, V]: a deterministic draft, or a token its q could not have produced
             # (underflow, filtering after sampling), is a one-hot proposal.
+            x = torch.as_tensor(tree.tokens, dtype=torch.long, device=dev)
             rows = torch.arange(n, device=dev)
-            onehot = torch.zeros(n, probs.shape[-1], device=dev)
+            onehot = torch.zeros(n, v, device=dev)
             onehot[rows, x] = 1.0
             q = onehot if q is None else torch.where((q.to(dev, torch.float32)[rows, x] > 0)[:, None],
                                                      q.to(dev, torch.float32), onehot)
-        k = _first_rejection(self.accept_probs(probs[:n], q, x), generator, dev)
+            acc = self.accept_probs(probs[:n], q, x)
+        k = _first_rejection(acc, generator, dev)
         if k == n:
             return AcceptResult(list(range(n)), int(torch.multinomial(probs[n], 1, generator=generator).item()))
         xk = int(tree.tokens[k])
