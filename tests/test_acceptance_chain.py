@@ -51,6 +51,20 @@ def test_chain_draws_what_the_node_walk_draws():
     assert min(seen.values()) > 30, seen
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_chain_on_a_device_generator_draws_node_by_node():
+    """A device generator's stream depends on how draws are batched: there the chain tests node by node, and must
+    still equal the walk."""
+    for trial in range(60):
+        tree, scores = _case(trial)
+        scores = scores.cuda()
+        g_new = torch.Generator(device="cuda").manual_seed(trial)
+        g_old = torch.Generator(device="cuda").manual_seed(trial)
+        got = RULE.accept(tree, scores, g_new)
+        want = RULE._walk_nodes(tree, torch.softmax(scores.float(), dim=-1), g_old)
+        assert got == want and torch.equal(g_new.get_state(), g_old.get_state()), trial
+
+
 def test_chain_with_the_default_generator():
     for trial in range(40):
         tree, scores = _case(trial)
