@@ -96,6 +96,11 @@ class FlashDriveConfig:
         cache_steps: the fixed schedule's reused steps.
         system: build fixed positions and masks once, lean decode loop.
         on_break: ``"reset"`` (full prefill, reported) or ``"error"`` when a tick does not continue the stream.
+        frame_mask: prefill each frame seeing only the prompt head and itself, never another frame (the streaming
+            mask a VLA fine-tuned with ``train_vla train --stream-mask`` learned; the text after the frames sees
+            everything). With streaming a kept frame's states then carry nothing of frames that have left: the
+            streamed cache is the one a full prefill under that mask gives, but for the kept frames' shifted
+            distance to the prompt head. Lossy against plain, which prefills with the full causal mask.
         refresh_every: a full prefill every this many ticks of a stream (``0``: never). Why: a kept frame's states
             were computed attending to the frames before it, which were computed the same way, so information from
             frames long gone reaches the window through the chain; a periodic refresh bounds it (at the cost of a
@@ -130,6 +135,7 @@ class FlashDriveConfig:
     system: bool = True
     on_break: str = "reset"
     refresh_every: int = 0
+    frame_mask: bool = False
     spec: object = "auto"
     drafter: object = None
     reuse_reasoning: bool = True
@@ -213,7 +219,7 @@ class FlashDriveConfig:
         reasoning are; streaming, step caching and the few-step expert approximate; ``expert="auto"`` picks a student
         only in place of the step cache). Speculative reasoning is exact in fp32 only: :attr:`FlashDriveEngine.exact`
         also reads the model's dtype."""
-        return not self.stream and self.step_cache is None and self.expert in (None, "auto")
+        return not self.stream and self.step_cache is None and self.expert in (None, "auto") and not self.frame_mask
 
     def step_cache_policy(self) -> StepCache | None:
         return None if self.step_cache is None else StepCache(self.step_cache, self.threshold, self.cache_steps)
@@ -586,7 +592,9 @@ class FlashDriveEngine:
         emb = self._embed(ids_q, ((ids_q == self.image_token_id).nonzero().flatten(), new_feats))
         mask = None
         k_order = torch.cat(order_cached + [q_idx])  # the prompt index of every cache entry
-        if ncam > 1:  # the new frames sit between kept frames in sequence order: attend by original index
+        if self.config.frame_mask:
+            mask = self._frame_mask(tpl, q_idx, k_order, emb.dtype)
+        elif ncam > 1:  # the new frames sit between kept frames in sequence order: attend by original index
             mask = attention_mask_for((k_order[None, :] <= q_idx[:, None])[None, None],
                                       self.backbone.config.get_text_config()._attn_implementation, emb.dtype)
         hidden, hs = self._forward(emb, tpl.positions[:, q_idx], cache, mask, self.hidden_layers)
@@ -609,13 +617,28 @@ class FlashDriveEngine:
         positions = torch.cat(kept_pos + [tpl.positions[:, q_idx]], dim=1)
         return hidden, slots, L_kept + ncam * nt, positions, hs, k_order
 
+    def _frame_mask(self, tpl: _Template, q_idx: torch.Tensor, k_idx: torch.Tensor, dtype) -> torch.Tensor:
+        """The 4-D mask of ``frame_mask`` for queries at prompt indices ``q_idx`` over cache entries at ``k_idx``:
+        causal by prompt index, and no frame token sees another frame's (``streaming_attention_mask``'s rule)."""
+        frame = torch.zeros(tpl.ids.shape[0], dtype=torch.long, device=q_idx.device)
+        for j, (s, e) in enumerate(tpl.frame_spans):
+            frame[s:e] = j + 1
+        fq, fk = frame[q_idx][:, None], frame[k_idx][None, :]
+        allowed = (k_idx[None, :] <= q_idx[:, None]) & ~((fq > 0) & (fk > 0) & (fq != fk))
+        return attention_mask_for(allowed[None, None], self.backbone.config.get_text_config()._attn_implementation,
+                                  dtype)
+
     def _full_prefill(self, tpl: _Template, feats, fpc: int, ncam: int):
         from transformers import DynamicCache
 
         dev = self.backbone.device
         emb = self._embed(tpl.ids, (tpl.image_token_index.to(dev), torch.cat([f for f, _ in feats])))
         cache = DynamicCache(config=self.backbone.config.get_text_config())
-        hidden, hs = self._forward(emb, tpl.positions, cache, hidden_layers=self.hidden_layers)
+        mask = None
+        if self.config.frame_mask:
+            idx = torch.arange(tpl.ids.shape[0], device=dev)
+            mask = self._frame_mask(tpl, idx, idx, emb.dtype)
+        hidden, hs = self._forward(emb, tpl.positions, cache, mask, hidden_layers=self.hidden_layers)
         slots = [[torch.arange(*tpl.frame_spans[c * fpc + j], device=dev) for j in range(fpc)] for c in range(ncam)]
         return hidden, cache, slots, tpl.frame_spans[-1][1], tpl.positions, hs
 
@@ -809,6 +832,8 @@ class FlashDriveEngine:
         extra = []
         if c.stream:
             extra.append("re-rotated" if c.rerotate else "shifted (no re-rotation)")
+        if c.frame_mask:
+            extra.append("frames see only the prompt head and themselves (streaming mask), lossy")
         if self.step_cache is not None:
             extra.append(repr(self.step_cache))
         if self.student_path is not None:

@@ -123,6 +123,41 @@ def test_streaming_is_exact_on_a_one_layer_model_with_two_cameras(one_layer, wor
             assert (sh["first_logits"] - ref["first_logits"]).abs().max() > 1e-3
 
 
+def test_frame_mask_leaves_nothing_of_a_departed_frame(two_layer, world):
+    """With ``frame_mask`` (frames prefilled under the streaming mask) a streamed tick does not depend on the frame
+    that left the window: two streams that differ only in it give the same next tick; without the mask they do
+    not. The engine's mask over the whole prompt is ``streaming_attention_mask``'s."""
+    from mmspec.drivers.clips import ego_history
+    from mmspec.drivers.train_vla import streaming_attention_mask
+    from mmspec.drivers.vla import attention_mask_for
+
+    sim, frames = world
+
+    def tick(pipe, k, oldest=None):
+        imgs = [frames[("front", t)] for t in range(k - 3, k + 1)]
+        if oldest is not None:
+            imgs[0] = frames[("front", oldest)]
+        return pipe.step(imgs, ego_history(sim.ego, k), float(sim.ego[k][3]), seed=k, cameras=("front",), tick=k)
+
+    out = {}
+    for fm in (True, False):
+        a, b = _pipe(two_layer, {**STREAM, "frame_mask": fm}), _pipe(two_layer, {**STREAM, "frame_mask": fm})
+        tick(a, 20), tick(b, 20, oldest=3)  # the window's oldest frame differs
+        ra, rb = tick(a, 21), tick(b, 21)
+        assert ra["stream"] == rb["stream"] == "reuse"
+        out[fm] = float((ra["first_logits"] - rb["first_logits"]).abs().max())
+    assert out[True] < 1e-5 and out[False] > 1e-3, out
+    eng = a.engine
+    tpl = next(iter(eng._templates.values()))
+    idx = torch.arange(tpl.ids.shape[0])
+    cfg = two_layer.backbone.config
+    want = streaming_attention_mask(tpl.ids[None], torch.ones(1, len(idx), dtype=torch.long), cfg.vision_start_token_id,
+                                    cfg.vision_end_token_id)
+    impl = cfg.get_text_config()._attn_implementation
+    assert torch.equal(eng._frame_mask(tpl, idx, idx, torch.float32), attention_mask_for(want, impl, torch.float32))
+    assert not _pipe(two_layer, {**STREAM, "frame_mask": True, "stream": False}).flashdrive.exact
+
+
 def test_exact_mechanisms_equal_plain_generate(two_layer, world):
     plain, exact = _pipe(two_layer), _pipe(two_layer, "vision_cache,system")
     assert exact.flashdrive.exact
