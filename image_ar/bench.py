@@ -25,6 +25,14 @@ systems run, the noise floor of each figure: an untimed second AR run per guidan
 ``fid_noise_floor`` = |FID(AR, seeds A) - FID(AR, seeds B)|, ``prompt_accuracy_noise`` and ``code_nll_noise``
 likewise (a difference from AR below these is noise).
 
+With ``cfg.resume`` (``mmspec bench --resume CKPT.jsonl``) the run is resumable: after every batch of prompts one
+line is appended to the checkpoint (:class:`BenchCheckpoint`) with what each system's records need from it (its
+call, code-loop and decode times, tokens, target forwards, ``SpecStats``, code NLLs, the codes and the images as
+PNG), and likewise for every batch of the untimed seed-set-B AR run. Run the same command again after a kill: the
+finished batches are read back (a torn last line is dropped), the rest is measured, and the records are those of an
+uninterrupted run (timings are per batch, so every ratio stays paired per image). A checkpoint written by another
+configuration (systems, prompts, seed, model, dtype, batch sizes, device, threads) is refused.
+
 The speed / quality table, tolerances, bars and Pareto plot of a run's JSON: ``python -m mmspec.image_ar pareto
 BENCH.json --png PLOT.png --md TABLE.md`` (:mod:`mmspec.image_ar.pareto`).
 
@@ -38,10 +46,16 @@ Example:
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
+import json
 import math
+import os
 import statistics
 import sys
 import time
+from dataclasses import fields
 
 import torch
 
@@ -51,7 +65,7 @@ from mmspec.errors import InvalidInputError
 
 from .generator import ImageARPipeline
 
-__all__ = ["bench_images", "parse_image_system", "DEFAULT_SYSTEMS"]
+__all__ = ["bench_images", "parse_image_system", "BenchCheckpoint", "DEFAULT_SYSTEMS"]
 
 DEFAULT_SYSTEMS = ("ar",)
 _USAGE = ("image systems: 'ar', 'sjd' (options draft_len=N, init=random|repeat, branch=K) or 'spatial[:DIR]' (options "
@@ -151,7 +165,7 @@ def code_nll(pipe, prompts: list, codes: torch.Tensor, cfg_scale: float) -> list
 
 def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list[dict]:
     """Measure the generator at ``model`` on ``examples`` at each of ``cfg.batch_sizes`` for each of
-    ``cfg.systems`` (see the module docstring)."""
+    ``cfg.systems`` (see the module docstring); with ``cfg.resume`` (a checkpoint path) resumable."""
     from tqdm.auto import tqdm
 
     from mmspec.registry import make_drafter
@@ -160,6 +174,10 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
 
     systems = list(_systems(cfg.systems))  # checked before the model loads
     device = cfg.resolved_device()
+    prompts = [ex.prompt for ex in examples]
+    ckpt = None
+    if getattr(cfg, "resume", None):  # refused before the model loads when another run wrote it
+        ckpt = BenchCheckpoint(cfg.resume, _fingerprint(model, prompts, systems, cfg, device))
     pipe = ImageARPipeline.from_pretrained(model, dtype=resolve_dtype(cfg.dtype, model, device))
     pipe.model.to(device)
     if pipe.vq is not None:
@@ -169,7 +187,6 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
         s["drafter_obj"] = make_drafter(s["drafter"], lm) if s["drafter"] else None
     clf_path = quality.bundled_classifier()
     clf = quality.WorldClassifier.from_pretrained(clf_path) if clf_path else None
-    prompts = [ex.prompt for ex in examples]
     real = [ex.meta["image"] for ex in examples]
     real_acc = quality.prompt_accuracy(clf, real, prompts)["all"] if clf is not None else None
     records = []
@@ -177,6 +194,10 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
         chunks = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
         runs = {s["name"]: {"stages": {"generate": [], "decode": [], "total": []}, "images": [], "tokens": 0,
                             "forwards": 0, "stats": None, "nll": []} for s in systems}
+        done = ckpt.chunks(bs, "chunk") if ckpt is not None else []
+        for entry in done:  # finished in an earlier session: read back, not measured again
+            for s in systems:
+                _absorb(runs[s["name"]], entry["systems"][s["name"]])
 
         def call(s, chunk, seed):
             pipe.drafter, pipe.rule = s["drafter_obj"], s["rule"]
@@ -184,26 +205,30 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
             out = pipe(chunk, seed=seed, cfg_scale=s["cfg_scale"])
             return out, (time.perf_counter() - t0) * 1e3
 
-        for s in systems:
-            call(s, chunks[0], cfg.seed)  # warm-up, untimed
-        bar = tqdm(total=len(chunks) * len(systems), desc=f"images bs={bs}", file=sys.stderr, disable=not progress,
-                   leave=False)
-        for i, chunk in enumerate(chunks):
+        if len(done) < len(chunks):
+            for s in systems:
+                call(s, chunks[0], cfg.seed)  # warm-up, untimed
+        bar = tqdm(total=len(chunks) * len(systems), initial=len(done) * len(systems), desc=f"images bs={bs}",
+                   file=sys.stderr, disable=not progress, leave=False)
+        for i in range(len(done), len(chunks)):
+            chunk, entry = chunks[i], {}
             for s in systems:  # interleaved: every system meets the same load on the same batch
                 images, total = call(s, chunk, cfg.seed + i)
-                run = runs[s["name"]]
-                run["images"] += images
-                run["stages"]["total"].append(total)
-                run["stages"]["generate"].append(pipe.last_timings_ms["generate"])
-                run["stages"]["decode"].append(pipe.last_timings_ms["decode"])
-                run["tokens"] += pipe.last_timings_ms["tokens"] * len(chunk)
-                run["forwards"] += pipe.last_timings_ms["target_forwards"]
-                if pipe.last_stats is not None:
-                    run["stats"] = pipe.last_stats if run["stats"] is None else run["stats"].merge(pipe.last_stats)
-                run["nll"] += code_nll(pipe, chunk, pipe.last_codes, _scale(pipe, s))  # untimed
+                entry[s["name"]] = part = {
+                    "total": total, "generate": pipe.last_timings_ms["generate"],
+                    "decode": pipe.last_timings_ms["decode"], "tokens": pipe.last_timings_ms["tokens"] * len(chunk),
+                    "forwards": pipe.last_timings_ms["target_forwards"], "stats": pipe.last_stats,
+                    "nll": code_nll(pipe, chunk, pipe.last_codes, _scale(pipe, s)),  # untimed
+                    "codes": pipe.last_codes.tolist(), "images": images}
+                if ckpt is None:
+                    _absorb(runs[s["name"]], part)
                 bar.update(1)
+            if ckpt is not None:  # the batch is on disk before it counts: a kill loses at most this batch
+                for name, part in ckpt.append({"kind": "chunk", "batch_size": bs, "chunk": i,
+                                               "systems": entry})["systems"].items():
+                    _absorb(runs[name], part)
         bar.close()
-        noise = _noise_floor(pipe, systems, chunks, cfg.seed) if len(systems) > 1 else {}
+        noise = _noise_floor(pipe, systems, chunks, cfg.seed, ckpt, bs, progress) if len(systems) > 1 else {}
         figures = {}  # per system: the quality figures the noise floor compares
         for s in systems:
             run = runs[s["name"]]
@@ -255,21 +280,181 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
     return records
 
 
+def _absorb(run: dict, part: dict) -> None:
+    """Add one system's share of one batch (measured now, or read back from a checkpoint) to its running totals."""
+    for stage in ("total", "generate", "decode"):
+        run["stages"][stage].append(part[stage])
+    run["images"] += part["images"]
+    run["tokens"] += part["tokens"]
+    run["forwards"] += part["forwards"]
+    if part["stats"] is not None:
+        run["stats"] = part["stats"] if run["stats"] is None else run["stats"].merge(part["stats"])
+    run["nll"] += part["nll"]
+
+
 def _scale(pipe, system: dict) -> float:
     return pipe.cfg_scale if system["cfg_scale"] is None else system["cfg_scale"]
 
 
-def _noise_floor(pipe, systems: list, chunks: list, seed: int) -> dict:
+def _noise_floor(pipe, systems: list, chunks: list, seed: int, ckpt=None, bs: int = 0, progress: bool = False) -> dict:
     """Per guidance scale of the run, AR again (untimed) on a disjoint seed set (seed set B): how far AR's
-    figures move with the seeds alone. ``{cfg_scale: {"images", "code_nll"}}``."""
+    figures move with the seeds alone. ``{cfg_scale: {"images", "code_nll"}}``; batch by batch into ``ckpt``
+    (a :class:`BenchCheckpoint`) when given, resuming after its last finished batch."""
+    from tqdm.auto import tqdm
+
     out = {}
     for s in systems:
         if s["drafter"] is not None or s["cfg_scale"] in out:
             continue
         pipe.drafter, pipe.rule = None, None
+        kind = f"noise:{s['cfg_scale']}"  # one seed-set-B run per guidance scale
+        done = ckpt.chunks(bs, kind) if ckpt is not None else []
         images, nll = [], []
-        for i, chunk in enumerate(chunks):
-            images += pipe(chunk, seed=seed + 1_000_003 + i, cfg_scale=s["cfg_scale"])
-            nll += code_nll(pipe, chunk, pipe.last_codes, _scale(pipe, s))
+        for entry in done:
+            images += entry["images"]
+            nll += entry["nll"]
+        for i in tqdm(range(len(done), len(chunks)), initial=len(done), total=len(chunks), file=sys.stderr,
+                      desc=f"AR noise floor (seeds B) bs={bs}", disable=not progress, leave=False):
+            part = {"images": pipe(chunks[i], seed=seed + 1_000_003 + i, cfg_scale=s["cfg_scale"])}
+            part.update(nll=code_nll(pipe, chunks[i], pipe.last_codes, _scale(pipe, s)),
+                        codes=pipe.last_codes.tolist())
+            if ckpt is not None:
+                part = ckpt.append({"kind": kind, "batch_size": bs, "chunk": i, **part})
+            images += part["images"]
+            nll += part["nll"]
         out[s["cfg_scale"]] = {"images": images, "code_nll": statistics.fmean(nll)}
     return out
+
+
+def _fingerprint(model: str, prompts: list, systems: list, cfg, device) -> dict:
+    """What must match for a checkpoint's batches to belong to this run: everything that decides the codes drawn
+    (model files, prompts, systems, seed, dtype, device, threads) and how the prompts are batched."""
+    model = os.path.realpath(model)
+    files = {f: os.path.getsize(os.path.join(model, f)) for f in sorted(os.listdir(model))
+             if os.path.isfile(os.path.join(model, f))} if os.path.isdir(model) else {}
+    return {"model": model, "model_files": files, "systems": [s["name"] for s in systems], "n": len(prompts),
+            "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(), "seed": cfg.seed,
+            "dtype": cfg.dtype, "device": str(device), "threads": cfg.threads, "batch_sizes": list(cfg.batch_sizes)}
+
+
+class BenchCheckpoint:
+    """An append-only JSONL checkpoint of an images bench run: a header line (the run's fingerprint), then one line
+    per finished batch (``{"kind": "chunk" | "noise:SCALE", "batch_size", "chunk", ...}``), each written with one
+    ``write`` and ``fsync``. Opening an existing file reads its lines back; a torn last line (a kill mid-write) is
+    cut off; a header from another configuration raises :class:`~mmspec.InvalidInputError`. Images are stored as
+    PNG (exact pixels), ``SpecStats`` as their fields, so what is read back equals what was measured.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "ck.jsonl")
+        >>> ck = BenchCheckpoint(path, {"seed": 0})
+        >>> _ = ck.append({"kind": "noise:None", "batch_size": 1, "chunk": 0, "nll": [0.5], "images": []})
+        >>> [e["nll"] for e in BenchCheckpoint(path, {"seed": 0}).chunks(1, "noise:None")]
+        [[0.5]]
+        >>> BenchCheckpoint(path, {"seed": 1})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: checkpoint ... was written by another run (seed differs: 0 there, 1 here); give the same flags, or another --resume path
+    """
+
+    _FORMAT = "mmspec-images-bench-checkpoint/1"
+
+    def __init__(self, path: str, fingerprint: dict):
+        self.path, self.fingerprint = path, json.loads(json.dumps(fingerprint))  # as JSON reads it back
+        self._entries = []
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise InvalidInputError(f"cannot write checkpoint {path}: folder {folder} does not exist")
+        raw = open(path, "rb").read() if os.path.exists(path) else b""
+        lines, good = raw.split(b"\n"), 0  # good: bytes of complete, readable lines
+        for n, line in enumerate(lines[:-1]):  # the piece after the last newline is a torn write (or empty)
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                if n < len(lines) - 2:
+                    raise InvalidInputError(f"checkpoint {path} is damaged at line {n + 1} (not JSON); move it "
+                                            "away to start afresh") from None
+                break  # a damaged last line: cut off like a torn one
+            if n == 0:
+                self._check_header(obj)
+            else:
+                self._entries.append(obj)
+            good += len(line) + 1
+        if good == 0:  # new (or only a torn header): start it
+            with open(path, "wb") as f:
+                self._write(f, {"format": self._FORMAT, "fingerprint": self.fingerprint})
+        elif good < len(raw):
+            with open(path, "r+b") as f:
+                f.truncate(good)
+
+    def _check_header(self, header: dict) -> None:
+        if not isinstance(header, dict) or header.get("format") != self._FORMAT:
+            raise InvalidInputError(f"{self.path} is not an images bench checkpoint (no {self._FORMAT} header)")
+        theirs, mine = header.get("fingerprint", {}), self.fingerprint
+        diff = [k for k in dict.fromkeys([*mine, *theirs]) if theirs.get(k) != mine.get(k)]
+        if diff:
+            k = diff[0]
+            said = "" if k in ("model_files", "prompts_sha256", "systems") else \
+                f": {theirs.get(k)!r} there, {mine.get(k)!r} here"
+            raise InvalidInputError(f"checkpoint {self.path} was written by another run ({', '.join(diff)} "
+                                    f"differ{'s' if len(diff) == 1 else ''}{said}); give the same flags, or another "
+                                    "--resume path")
+
+    @staticmethod
+    def _write(f, obj: dict) -> None:
+        f.write((json.dumps(obj, default=_encode) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+    def append(self, entry: dict) -> dict:
+        """Write one finished batch (images, ``SpecStats`` and codes encoded) and return it as it reads back."""
+        with open(self.path, "ab") as f:
+            self._write(f, entry)
+        self._entries.append(json.loads(json.dumps(entry, default=_encode)))
+        return _decoded(self._entries[-1])
+
+    def chunks(self, batch_size: int, kind: str) -> list[dict]:
+        """The finished batches of one kind (``"chunk"``, or ``"noise:SCALE"``) at ``batch_size``, in order from
+        the first; decoded (PIL images, ``SpecStats``)."""
+        out = [e for e in self._entries if e.get("batch_size") == batch_size and e.get("kind") == kind]
+        for i, e in enumerate(out):
+            if e.get("chunk") != i:
+                raise InvalidInputError(f"checkpoint {self.path}: {kind} batches at batch size {batch_size} are not "
+                                        f"in order (batch {e.get('chunk')} where {i} was due); move it away")
+        return [_decoded(e) for e in out]
+
+
+def _encode(obj):
+    """JSON for what a batch holds besides plain values: PIL images as base64 PNG, ``SpecStats`` as its fields."""
+    from PIL import Image
+
+    from mmspec.stats import SpecStats
+
+    if isinstance(obj, Image.Image):
+        buf = io.BytesIO()
+        obj.save(buf, format="PNG")
+        return {"png": base64.b64encode(buf.getvalue()).decode("ascii")}
+    if isinstance(obj, SpecStats):
+        return {"spec_stats": {f.name: getattr(obj, f.name) for f in fields(SpecStats)}}
+    if hasattr(obj, "item"):  # a numpy / torch scalar among the drafter's counters
+        return obj.item()
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
+
+
+def _decoded(obj):
+    """Inverse of :func:`_encode` over a read-back entry."""
+    from PIL import Image
+
+    from mmspec.stats import SpecStats
+
+    if isinstance(obj, list):
+        return [_decoded(x) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if set(obj) == {"png"}:
+        img = Image.open(io.BytesIO(base64.b64decode(obj["png"])))
+        img.load()
+        return img.copy()  # a plain in-memory image, as the pipeline returns
+    if set(obj) == {"spec_stats"}:
+        return SpecStats(**obj["spec_stats"])
+    return {k: _decoded(v) for k, v in obj.items()}

@@ -33,6 +33,7 @@ class ImagesWorkload(SeededWorkload):
     name = "images"
     plain_pipeline = True
     plain_systems = True  # ar, sjd, spatial and the relaxed rules: image_ar/bench.py
+    resumable = True  # --resume: a checkpoint per batch (image_ar/bench.py)
     model_task = "images"
     model_marker = "image_generation.json"
 

@@ -208,6 +208,9 @@ class BenchConfig:
             batch gets the same seed in every system; outputs are not compared token for token (a lossless
             sampler keeps AR's distribution, not its draws), so identity fields are ``None`` and ``lossless``
             is the rule's own declaration. The ceiling, a greedy oracle, does not run.
+        resume: a checkpoint file for workloads that support one (:attr:`~mmspec.workloads.Workload.resumable`:
+            ``images``): each finished batch is appended to it, and a run with the same settings and path continues
+            after the last finished batch (a checkpoint from other settings is refused).
 
     Example:
         >>> BenchConfig(quick=True).resolved_sizes()
@@ -230,6 +233,7 @@ class BenchConfig:
     dtype: str | None = "auto"
     inputs: str | None = None
     sampling: dict | None = None
+    resume: str | None = None
 
     def resolved_device(self) -> torch.device:
         """``device``, or CUDA when available, else the CPU: where every system and plain pipeline runs.
@@ -1236,6 +1240,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     if plain and cfg.sampling is not None:
         raise InvalidInputError(f"--sample applies to the VLM workloads; {', '.join(w.name for w in plain)} run "
                                 "their own pipelines' decoding (measure them in a run without --sample)")
+    if cfg.resume and (workloads or requests is not None or any(not w.resumable for w in plain)):
+        others = [w.name for w in every if not w.resumable] or ["--inputs"]
+        raise InvalidInputError(f"--resume is not supported for {', '.join(others)}: run without it")
     plain_models = {w.name: model_for(w.name, cfg.model) or w.bundled_model() for w in plain}
     for name, path in plain_models.items():
         if not path:

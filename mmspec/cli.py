@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="few examples, short generations (< 2 min on a CPU)")
     b.add_argument("--json", default=None, metavar="PATH", help="write {results, meta} as JSON")
     b.add_argument("--png", default=None, metavar="PATH", help="write histogram and speedup charts")
+    b.add_argument("--resume", default=None, metavar="CKPT.jsonl",
+                   help="images workload: append every finished batch to this checkpoint; the same command again "
+                        "continues after the last finished batch (a checkpoint from other flags is refused)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     t = sub.add_parser("train", help="train a drafter on the target's own responses and hidden states",
@@ -265,7 +268,7 @@ def _bench(args) -> int:
                       draft_model=args.draft_model, n=args.n, max_new_tokens=args.max_new_tokens,
                       batch_sizes=parse_csv(args.batch_sizes, int, "batch size"), split=args.split, seed=args.seed,
                       quick=args.quick, device=args.device, threads=args.threads, dtype=args.dtype,
-                      inputs=args.inputs, sampling=parse_sampling(args.sample))
+                      inputs=args.inputs, sampling=parse_sampling(args.sample), resume=args.resume)
     report = run_bench(cfg, progress=not args.no_progress)
     print(report.table())
     if args.json:

@@ -129,6 +129,9 @@ class Workload:
         # Not a stub: workloads served by a text-generating target go through the bench's VLM systems instead.
         raise NotImplementedError(f"workload {self.name!r} is benchmarked through a target's generate")
 
+    resumable = False
+    """``True`` when :meth:`bench_plain` honours ``cfg.resume`` (a checkpoint a killed bench run continues from)."""
+
     own_systems: tuple = ()
     """Bench system names (the part before the first ``;``) this VLM workload measures itself, beside the bench's
     systems (the docs workload's ``hierarchical``): ``mmspec bench`` hands them to :meth:`bench_own`."""
