@@ -328,13 +328,38 @@ def _noise_floor(pipe, systems: list, chunks: list, seed: int, ckpt=None, bs: in
 
 def _fingerprint(model: str, prompts: list, systems: list, cfg, device) -> dict:
     """What must match for a checkpoint's batches to belong to this run: everything that decides the codes drawn
-    (model files, prompts, systems, seed, dtype, device, threads) and how the prompts are batched."""
-    model = os.path.realpath(model)
-    files = {f: os.path.getsize(os.path.join(model, f)) for f in sorted(os.listdir(model))
-             if os.path.isfile(os.path.join(model, f))} if os.path.isdir(model) else {}
-    return {"model": model, "model_files": files, "systems": [s["name"] for s in systems], "n": len(prompts),
-            "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(), "seed": cfg.seed,
-            "dtype": cfg.dtype, "device": str(device), "threads": cfg.threads, "batch_sizes": list(cfg.batch_sizes)}
+    (the generator's and the spatial heads' files, prompts, systems, seed, dtype, device, threads) and how the
+    prompts are batched."""
+    from .ssd import bundled_spatial_head
+
+    folders = {"model": model}
+    for s in systems:
+        head = (s["drafter"] or "").split(";")[0]
+        if head.startswith("spatial"):
+            folders[head] = head.partition(":")[2] or bundled_spatial_head(model) or ""
+    return {"files": {k: _folder_digest(v) for k, v in folders.items()}, "systems": [s["name"] for s in systems],
+            "n": len(prompts), "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(),
+            "seed": cfg.seed, "dtype": cfg.dtype, "device": str(device), "threads": cfg.threads,
+            "batch_sizes": list(cfg.batch_sizes)}
+
+
+def _folder_digest(path: str) -> dict:
+    """``{relative file: sha256}`` of a model folder, logs (``*.jsonl``) left out so that an evaluation appended
+    beside the weights does not orphan a checkpoint; files over 256 MB by size and mtime (hashing a 7B checkpoint
+    would take minutes)."""
+    out = {}
+    for root, _, names in os.walk(path):
+        for name in sorted(names):
+            if name.endswith(".jsonl"):
+                continue
+            full = os.path.join(root, name)
+            st = os.stat(full)
+            if st.st_size > 256 << 20:
+                out[os.path.relpath(full, path)] = f"{st.st_size}:{st.st_mtime_ns}"
+            else:
+                with open(full, "rb") as f:
+                    out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+    return dict(sorted(out.items()))
 
 
 class BenchCheckpoint:
@@ -394,7 +419,7 @@ class BenchCheckpoint:
         diff = [k for k in dict.fromkeys([*mine, *theirs]) if theirs.get(k) != mine.get(k)]
         if diff:
             k = diff[0]
-            said = "" if k in ("model_files", "prompts_sha256", "systems") else \
+            said = "" if k in ("files", "prompts_sha256", "systems") else \
                 f": {theirs.get(k)!r} there, {mine.get(k)!r} here"
             raise InvalidInputError(f"checkpoint {self.path} was written by another run ({', '.join(diff)} "
                                     f"differ{'s' if len(diff) == 1 else ''}{said}); give the same flags, or another "

@@ -7,6 +7,8 @@ and prompt accuracy are compared too)."""
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 
 import pytest
 
@@ -51,11 +53,16 @@ def _run(cfg, monkeypatch, kill_at=None):
             raise _Killed
         return real(*a, **kw)
 
-    monkeypatch.setattr(image_bench, "code_nll", counted)
+    # --doctest-modules also imports image_ar/bench.py as ``image_ar.bench``, and the workload registered last may
+    # call that copy: patch every copy loaded.
+    copies = [m for m in (sys.modules.get("mmspec.image_ar.bench"), sys.modules.get("image_ar.bench")) if m]
+    for m in copies:
+        monkeypatch.setattr(m, "code_nll", counted)
     try:
         return run_bench(cfg, progress=False).results
     finally:
-        monkeypatch.setattr(image_bench, "code_nll", real)
+        for m in copies:
+            monkeypatch.setattr(m, "code_nll", real)
 
 
 def _batches(path):
@@ -101,6 +108,15 @@ def test_other_config_refused(gen, tmp_path, monkeypatch):
                       (dict(dtype="bfloat16"), "dtype")):
         with pytest.raises(InvalidInputError, match=match):
             _run(_cfg(gen, resume=ck, **kw), monkeypatch)
+    other = tmp_path / "gen2"  # the same generator, one file changed: another model
+    shutil.copytree(gen, other)
+    (other / "eval.jsonl").write_text("{}\n")  # a log beside the weights changes nothing
+    with pytest.raises(_Killed):  # accepted: got as far as the first batch
+        _run(_cfg(str(other), resume=ck), monkeypatch, kill_at=1)
+    with open(other / "generation_config.json", "a") as f:
+        f.write("\n")
+    with pytest.raises(InvalidInputError, match=r"\(files differs\)"):
+        _run(_cfg(str(other), resume=ck), monkeypatch)
     (tmp_path / "bad.jsonl").write_text('{"format": "something else"}\n')
     with pytest.raises(InvalidInputError, match="not an images bench checkpoint"):
         _run(_cfg(gen, resume=str(tmp_path / "bad.jsonl")), monkeypatch)
