@@ -330,13 +330,12 @@ def _fingerprint(model: str, prompts: list, systems: list, cfg, device) -> dict:
     """What must match for a checkpoint's batches to belong to this run: everything that decides the codes drawn
     (the generator's and the spatial heads' files, prompts, systems, seed, dtype, device, threads) and how the
     prompts are batched."""
-    from .ssd import bundled_spatial_head
-
     folders = {"model": model}
     for s in systems:
         head = (s["drafter"] or "").split(";")[0]
-        if head.startswith("spatial"):
-            folders[head] = head.partition(":")[2] or bundled_spatial_head(model) or ""
+        if head.startswith("spatial"):  # a bare "spatial" is the shipped head (ssd.bundled_spatial_head)
+            folders[head] = head.partition(":")[2] or os.path.join(os.path.dirname(__file__), "assets",
+                                                                   "spatial-head")
     return {"files": {k: _folder_digest(v) for k, v in folders.items()}, "systems": [s["name"] for s in systems],
             "n": len(prompts), "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(),
             "seed": cfg.seed, "dtype": cfg.dtype, "device": str(device), "threads": cfg.threads,

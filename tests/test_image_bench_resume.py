@@ -127,3 +127,20 @@ def test_other_config_refused(gen, tmp_path, monkeypatch):
     from mmspec.cli import build_parser
 
     assert build_parser().parse_args(["bench", "--workload", "images", "--resume", ck]).resume == ck
+
+
+def test_fingerprint_covers_spatial_heads(tmp_path):
+    """The bundled spatial head (bare ``spatial``) and a named one (``spatial:DIR``) are fingerprinted by content."""
+    from mmspec.image_ar.bench import _fingerprint, _systems
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "model.safetensors").write_bytes(b"w1")
+    (head / "train_log.jsonl").write_text("{}")
+    cfg = BenchConfig(systems=["spatial;rounds=1", f"spatial:{head}"], n=1, batch_sizes=[1])
+    fp = _fingerprint(str(tmp_path / "gen"), ["p"], list(_systems(cfg.systems)), cfg, "cpu")
+    assert set(fp["files"]) == {"model", "spatial", f"spatial:{head}"} and fp["systems"][0] == "ar"
+    assert "model.safetensors" in fp["files"]["spatial"]  # the shipped head's weights
+    assert list(fp["files"][f"spatial:{head}"]) == ["model.safetensors"]  # its log left out
+    (head / "model.safetensors").write_bytes(b"w2")
+    assert _fingerprint(str(tmp_path / "gen"), ["p"], list(_systems(cfg.systems)), cfg, "cpu")["files"] != fp["files"]
