@@ -37,9 +37,11 @@ d.save_pretrained(sys.argv[2], dtype=torch.bfloat16)
 PY
 # Issue 18's table and Pareto plot: every image system in one bench run (batch 1, fp32, one thread; the AR-vs-AR noise
 # floor comes from an untimed second AR run), then the table, tolerances, bars and plot from its JSON. The committed
-# bench-pareto.* were run with --n 96 (what fit beside the training jobs); FID wants --n 256 or more (~80 min here).
+# bench-pareto.* were run with --n 96 (what fit beside the training jobs); FID wants --n 256 or more (~40-80 min here).
+# --resume makes it survive a kill: every finished batch (all systems, then the noise-floor AR run) is appended to the
+# checkpoint; run the same command again and it continues after the last finished batch (other flags are refused).
 SYS='ar,sjd,spatial,spatial;rounds=0,spatial;rounds=1,spatial;rounds=2,spatial;rule=lantern++:lambda=2'
 SYS="$SYS,spatial;rule=lantern++:lambda=4,spatial;rule=csd,spatial;rule=gsd"
 OMP_NUM_THREADS=1 nice -n 10 python -m mmspec.cli bench --workload images --systems "$SYS" --n 256 --batch-sizes 1 \
-  --dtype float32 --threads 1 --json "$W/bench-pareto.json"
+  --dtype float32 --threads 1 --json "$W/bench-pareto.json" --resume "$W/bench-pareto.ckpt.jsonl"
 python -m mmspec.image_ar pareto "$W/bench-pareto.json" --png "$HERE/bench-pareto.png" --md "$HERE/bench-pareto.md"
