@@ -64,6 +64,7 @@ SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False,
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
                "flashdrive": True, "flashdrive-stepcache": {"expert": None},
                "flashdrive-refresh2": {"refresh_every": 2}, "flashdrive-framemask": {"frame_mask": True},
+               "flashdrive-fullmask": {"frame_mask": False},
                "flashdrive-noreuse": {"reuse_reasoning": False},
                "fewstep": {"vision_cache": False, "stream": False, "step_cache": None, "system": True, "spec": False,
                            "expert": FEWSTEP},
@@ -72,8 +73,9 @@ SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False,
 mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
 which needs a drafter for the VLA; ``fewstep``: the few-step expert, with the system level it runs in), and
 ``flashdrive`` (all; speculative reasoning when a drafter fits, the few-step expert when the VLA ships one, else the
-step cache; ``flashdrive-stepcache`` with the VLA's own expert and the step cache; ``flashdrive-framemask`` with frames
-prefilled under the streaming mask, for a VLA fine-tuned with it; ``flashdrive-noreuse`` without
+step cache; ``flashdrive-stepcache`` with the VLA's own expert and the step cache; ``flashdrive-framemask`` /
+``flashdrive-fullmask`` with frames prefilled under the streaming mask / the full causal mask (``flashdrive``: the
+streaming mask when the VLA was fine-tuned with it); ``flashdrive-noreuse`` without
 drafting the last tick's reasoning first; ``flashdrive-fewstep`` with the few-step expert in place of the step
 cache). The few-step systems take ``--expert DIR`` (a :mod:`mmspec.drivers.distill` student of the VLA's expert)
 or, without it, the student the VLA folder ships (``fewstep/``)."""

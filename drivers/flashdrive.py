@@ -100,7 +100,9 @@ class FlashDriveConfig:
             mask a VLA fine-tuned with ``train_vla train --stream-mask`` learned; the text after the frames sees
             everything). With streaming a kept frame's states then carry nothing of frames that have left: the
             streamed cache is the one a full prefill under that mask gives, but for the kept frames' shifted
-            distance to the prompt head. Lossy against plain, which prefills with the full causal mask.
+            distance to the prompt head. Lossy against plain, which prefills with the full causal mask. ``"auto"``
+            (default): on with streaming when the VLA was fine-tuned with that mask (its folder's
+            ``train_config.json`` has ``stream_mask > 0``), off otherwise.
         refresh_every: a full prefill every this many ticks of a stream (``0``: never). Why: a kept frame's states
             were computed attending to the frames before it, which were computed the same way, so information from
             frames long gone reaches the window through the chain; a periodic refresh bounds it (at the cost of a
@@ -135,7 +137,7 @@ class FlashDriveConfig:
     system: bool = True
     on_break: str = "reset"
     refresh_every: int = 0
-    frame_mask: bool = False
+    frame_mask: object = "auto"
     spec: object = "auto"
     drafter: object = None
     reuse_reasoning: bool = True
@@ -148,6 +150,8 @@ class FlashDriveConfig:
             raise InvalidInputError(f"on_break must be 'reset' or 'error' (got {self.on_break!r})")
         if isinstance(self.refresh_every, bool) or not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise InvalidInputError(f"refresh_every must be an integer >= 0 (got {self.refresh_every!r})")
+        if self.frame_mask not in (True, False, "auto"):
+            raise InvalidInputError(f"frame_mask must be True, False or 'auto' (got {self.frame_mask!r})")
         if self.spec not in (True, False, "auto"):
             raise InvalidInputError(f"spec must be True, False or 'auto' (got {self.spec!r})")
         if self.stream and not self.vision_cache:
@@ -219,7 +223,8 @@ class FlashDriveConfig:
         reasoning are; streaming, step caching and the few-step expert approximate; ``expert="auto"`` picks a student
         only in place of the step cache). Speculative reasoning is exact in fp32 only: :attr:`FlashDriveEngine.exact`
         also reads the model's dtype."""
-        return not self.stream and self.step_cache is None and self.expert in (None, "auto") and not self.frame_mask
+        return not self.stream and self.step_cache is None and self.expert in (None, "auto") \
+            and self.frame_mask is not True
 
     def step_cache_policy(self) -> StepCache | None:
         return None if self.step_cache is None else StepCache(self.step_cache, self.threshold, self.cache_steps)
@@ -245,6 +250,23 @@ def rerotate_keys(keys: torch.Tensor, delta: torch.Tensor, rotary_emb) -> torch.
     cos, sin = cos[:, None].float(), sin[:, None].float()  # [B, 1, n, D]: every head turns alike
     k = keys.float()
     return (k * cos + rotate_half(k) * sin).to(keys.dtype)
+
+
+def stream_mask_trained(vla_path: str | None) -> bool:
+    """Whether the VLA folder ``vla_path`` was fine-tuned with the streaming mask (``train_vla train --stream-mask``:
+    its ``train_config.json`` says ``stream_mask > 0``): where ``frame_mask="auto"`` turns the mask on.
+
+    Example:
+        >>> stream_mask_trained("/nonexistent")
+        False
+    """
+    import json
+
+    path = os.path.join(vla_path or "", "train_config.json")
+    if not vla_path or not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return float(json.load(f).get("stream_mask") or 0) > 0
 
 
 def bundled_drafter() -> str | None:
@@ -400,6 +422,8 @@ class FlashDriveEngine:
         eos = bb.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self.student_path, self.expert_note = self._student(vla, config.expert, config.step_cache is not None)
+        self.frame_mask = config.frame_mask is True or (config.frame_mask == "auto" and config.stream
+                                                        and stream_mask_trained(getattr(vla, "name_or_path", None)))
         self.expert = vla.expert
         self.step_cache = config.step_cache_policy()
         if self.student_path is not None:
@@ -592,7 +616,7 @@ class FlashDriveEngine:
         emb = self._embed(ids_q, ((ids_q == self.image_token_id).nonzero().flatten(), new_feats))
         mask = None
         k_order = torch.cat(order_cached + [q_idx])  # the prompt index of every cache entry
-        if self.config.frame_mask:
+        if self.frame_mask:
             mask = self._frame_mask(tpl, q_idx, k_order, emb.dtype)
         elif ncam > 1:  # the new frames sit between kept frames in sequence order: attend by original index
             mask = attention_mask_for((k_order[None, :] <= q_idx[:, None])[None, None],
@@ -635,7 +659,7 @@ class FlashDriveEngine:
         emb = self._embed(tpl.ids, (tpl.image_token_index.to(dev), torch.cat([f for f, _ in feats])))
         cache = DynamicCache(config=self.backbone.config.get_text_config())
         mask = None
-        if self.config.frame_mask:
+        if self.frame_mask:
             idx = torch.arange(tpl.ids.shape[0], device=dev)
             mask = self._frame_mask(tpl, idx, idx, emb.dtype)
         hidden, hs = self._forward(emb, tpl.positions, cache, mask, hidden_layers=self.hidden_layers)
@@ -796,7 +820,7 @@ class FlashDriveEngine:
             True
         """
         c = self.config
-        return (not c.stream and self.step_cache is None and self.student_path is None
+        return (not c.stream and self.step_cache is None and self.student_path is None and not self.frame_mask
                 and (self.drafter is None or self.backbone.dtype == torch.float32))
 
     @staticmethod
@@ -832,7 +856,7 @@ class FlashDriveEngine:
         extra = []
         if c.stream:
             extra.append("re-rotated" if c.rerotate else "shifted (no re-rotation)")
-        if c.frame_mask:
+        if self.frame_mask:
             extra.append("frames see only the prompt head and themselves (streaming mask), lossy")
         if self.step_cache is not None:
             extra.append(repr(self.step_cache))

@@ -158,6 +158,27 @@ def test_frame_mask_leaves_nothing_of_a_departed_frame(two_layer, world):
     assert not _pipe(two_layer, {**STREAM, "frame_mask": True, "stream": False}).flashdrive.exact
 
 
+def test_frame_mask_auto_follows_how_the_vla_was_trained(two_layer, tmp_path):
+    """``frame_mask="auto"``: on with streaming for a VLA whose folder says it was fine-tuned with the streaming
+    mask; off without streaming (exact settings stay exact), for other VLAs, and for one with no folder."""
+    from mmspec.drivers.train_vla import DrivingVLA
+
+    path = str(tmp_path / "vla")
+    two_layer.save_pretrained(path)
+    assert not _pipe(DrivingVLA.from_pretrained(path), STREAM).engine.frame_mask  # no train_config: not trained so
+    with open(f"{path}/train_config.json", "w") as f:
+        json.dump({"stream_mask": 0.5}, f)
+    vla = DrivingVLA.from_pretrained(path)
+    on = _pipe(vla, STREAM).engine
+    assert on.frame_mask and "streaming mask" in on.describe()
+    assert not _pipe(vla, {**STREAM, "frame_mask": False}).engine.frame_mask
+    exact = _pipe(vla, "vision_cache,system")
+    assert not exact.engine.frame_mask and exact.engine.exact
+    assert not _pipe(two_layer, STREAM).engine.frame_mask  # not loaded from a folder
+    with pytest.raises(InvalidInputError, match="frame_mask"):
+        _pipe(two_layer, {**STREAM, "frame_mask": "yes"})
+
+
 def test_exact_mechanisms_equal_plain_generate(two_layer, world):
     plain, exact = _pipe(two_layer), _pipe(two_layer, "vision_cache,system")
     assert exact.flashdrive.exact
