@@ -25,6 +25,18 @@ python -m mmspec.drivers.train_vla rollouts --model "$W/vla5" --out "$W/rollouts
 python -m mmspec.drivers.train_vla train --out "$W/vla6" --init "$W/vla5" --steps 1000 --lr 3e-4 --threads 1 \
     --perturb 0.2 --road-weight 1.0 --rollouts "$W/rollouts5.jsonl" --rollout-fraction 0.5
 python -m mmspec.drivers.train_vla export --model "$W/vla6"
+# Phase 7 (2026-12-02; what ships now): a second DAgger round with FlashDrive's streaming mask. Phase 6 drives 180
+# fresh training scenarios, then 150 steps at lr 3e-5 (seed 4) with phase 6's losses, half the items replaying those
+# drives, half the steps under the streaming mask (frames see only the prompt head and themselves; ~6.7 s a step at
+# 1 thread). Then its few-step action expert: a student of the expert distilled into 2 Euler steps (800 steps,
+# ~4.3 s each; resumable), shipped beside the VLA in fewstep/ (bf16, re-bound to the exported backbone).
+python -m mmspec.drivers.train_vla rollouts --model drivers/assets/driving-vla --out "$W/rollouts6.jsonl" --n 180 --threads 1
+python -m mmspec.drivers.train_vla train --out "$W/vla7" --init drivers/assets/driving-vla --steps 150 --batch-size 8 \
+    --lr 3e-5 --warmup 10 --aux-weight 1 --road-weight 1 --perturb 0.2 --rollouts "$W/rollouts6.jsonl" \
+    --rollout-fraction 0.5 --stream-mask 0.5 --seed 4 --threads 1
+python -m mmspec.drivers.distill --vla "$W/vla7" --out "$W/fewstep7" --student-steps 2 --steps 800 --batch-size 8 \
+    --lr 3e-4 --warmup 20 --stream-mask 0.5 --seed 0 --threads 1 --save-every 25
+python -m mmspec.drivers.train_vla export --model "$W/vla7" --student "$W/fewstep7"
 python -m mmspec.drivers.train_vla eval --n 48 --samples 6 --closed-loop 48
 # FlashDrive's reasoning drafter (drivers/assets/driving-drafter): a GLANCE block head (1 layer, blocks of 8, reading
 # layers 1-3 over the whole prompt, frames included) trained with `mmspec train` on the bundled VLA's own greedy

@@ -12,10 +12,10 @@ import sys
 
 def merge(paths: list) -> dict:
     chunks = [json.load(open(p))["results"] for p in paths]
-    systems = [r["system"] for r in chunks[0]]
+    systems = list(dict.fromkeys(r["system"] for c in chunks for r in c))  # a system may run in chunks of its own
     out = []
     for s in systems:
-        recs = [next(r for r in c if r["system"] == s) for c in chunks]
+        recs = sorted((r for c in chunks for r in c if r["system"] == s), key=lambda r: r["quality"]["first_scenario"])
         n = sum(r["quality"]["n_scenarios"] for r in recs)
         counts = {k: sum(r["quality"][k] for r in recs) for k in ("collision_count", "offroad_count", "red_light_count")}
         lat = {k: statistics.median(r["latency_ms"][k] for r in recs) for k in recs[0]["latency_ms"]}
