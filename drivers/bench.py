@@ -62,7 +62,7 @@ SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False,
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
                "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2, "spec": False},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
-               "flashdrive": True, "flashdrive-stepcache": {"expert": None},
+               "flashdrive": True, "flashdrive-stepcache": {"expert": None, "frame_mask": False},
                "flashdrive-refresh2": {"refresh_every": 2}, "flashdrive-framemask": {"frame_mask": True},
                "flashdrive-fullmask": {"frame_mask": False},
                "flashdrive-noreuse": {"reuse_reasoning": False},
@@ -73,7 +73,8 @@ SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False,
 mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
 which needs a drafter for the VLA; ``fewstep``: the few-step expert, with the system level it runs in), and
 ``flashdrive`` (all; speculative reasoning when a drafter fits, the few-step expert when the VLA ships one, else the
-step cache; ``flashdrive-stepcache`` with the VLA's own expert and the step cache; ``flashdrive-framemask`` /
+step cache; ``flashdrive-stepcache`` as FlashDrive was before the few-step expert and the frame mask: the VLA's own expert,
+the step cache, the full mask; ``flashdrive-framemask`` /
 ``flashdrive-fullmask`` with frames prefilled under the streaming mask / the full causal mask (``flashdrive``: the
 streaming mask when the VLA was fine-tuned with it); ``flashdrive-noreuse`` without
 drafting the last tick's reasoning first; ``flashdrive-fewstep`` with the few-step expert in place of the step
@@ -314,7 +315,7 @@ def _sim_run(args) -> int:
 
     from mmspec.errors import InvalidInputError
 
-    from .distill import bundled_student
+    from .distill import bundled_student, student_info
     from .train_vla import bundled_vla
 
     if args.threads:
@@ -323,6 +324,11 @@ def _sim_run(args) -> int:
     if model is None:
         raise InvalidInputError("no driving VLA bundled with this install: pass --model PATH")
     student = args.expert or bundled_student(model)
+    if student and not args.expert:
+        try:
+            student_info(student, model)
+        except InvalidInputError:  # a stale fewstep/ (the VLA was saved over): "all" leaves the few-step systems out
+            student = None
     if args.systems == "all":  # the few-step systems need a student: in "all" only when there is one
         systems = [s for s in SIM_SYSTEMS if student or not (isinstance(SIM_SYSTEMS[s], dict)
                                                              and SIM_SYSTEMS[s].get("expert") == FEWSTEP)]

@@ -120,11 +120,12 @@ def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat1
     """Ship ``student`` (distilled on the VLA folder ``src_vla``) inside ``out_vla``, the exported copy of
     ``src_vla`` (:func:`~mmspec.drivers.train_vla.export_vla`), as ``out_vla/fewstep`` with weights in ``dtype``.
     The export rounds the backbone, so its weights hash changes: the student is re-bound to the exported backbone
-    (``distilled_on`` keeps the hash it was distilled on). Refused unless the student was distilled on ``src_vla``.
+    (``distilled_on`` keeps the hash it was distilled on). Refused unless the student was distilled on ``src_vla``
+    and ``out_vla``'s backbone is ``src_vla``'s rounded to ``dtype``, tensor for tensor.
 
     Example:
-        >>> export_student("/work/fewstep", "/work/vla-fp32", "drivers/assets/driving-vla")   # doctest: +SKIP
-        'drivers/assets/driving-vla/fewstep'
+        >>> export_student("/work/fewstep", "/work/vla-fp32", "/work/vla-bf16")   # doctest: +SKIP
+        '/work/vla-bf16/fewstep'
     """
     import shutil
 
@@ -136,7 +137,15 @@ def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat1
 
     info = student_info(student, src_vla)
     out = os.path.join(out_vla, STUDENT_DIR)
-    os.makedirs(out, exist_ok=True)
+    if os.path.realpath(src_vla) == os.path.realpath(out_vla) or os.path.realpath(student) == os.path.realpath(out):
+        raise InvalidInputError(f"export the student from its own folder into another VLA folder (got student "
+                                f"{student}, source {src_vla}, out {out_vla})")
+    if not _is_export_of(out_vla, src_vla, dtype):
+        raise InvalidInputError(f"{out_vla} is not {src_vla} exported in {dtype}: the student would be bound to "
+                                "another backbone (export both with train_vla export --student)")
+    if os.path.isdir(out):
+        shutil.rmtree(out)  # nothing of an earlier student may stay beside this one
+    os.makedirs(out)
     save_state_compact(load_file(os.path.join(student, EXPERT_NAME)), os.path.join(out, EXPERT_NAME), dtype)
     shutil.copy(os.path.join(student, EXPERT_CONFIG), os.path.join(out, EXPERT_CONFIG))
     if os.path.isfile(os.path.join(student, "train_log.jsonl")):
@@ -146,6 +155,23 @@ def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat1
     with open(os.path.join(out, STUDENT_INFO), "w") as f:
         json.dump(info, f, indent=2)
     return out
+
+
+def _backbone_tensors(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for name in sorted(n for n in os.listdir(path) if n.startswith("model") and n.endswith(".safetensors")):
+        out.update(load_file(os.path.join(path, name)))
+    return out
+
+
+def _is_export_of(out_vla: str, src_vla: str, dtype) -> bool:
+    """Whether ``out_vla``'s backbone weights are ``src_vla``'s cast to ``dtype`` (floating tensors), exactly."""
+    a, b = _backbone_tensors(out_vla), _backbone_tensors(src_vla)
+    if a.keys() != b.keys():
+        return False
+    return all(torch.equal(a[k], b[k].to(dtype) if b[k].is_floating_point() else b[k]) for k in a)
 
 
 def euler_path(expert, x0, cache, start, valid, steps: int) -> list:

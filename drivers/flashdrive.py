@@ -150,14 +150,16 @@ class FlashDriveConfig:
             raise InvalidInputError(f"on_break must be 'reset' or 'error' (got {self.on_break!r})")
         if isinstance(self.refresh_every, bool) or not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise InvalidInputError(f"refresh_every must be an integer >= 0 (got {self.refresh_every!r})")
-        if self.frame_mask not in (True, False, "auto"):
+        if not (isinstance(self.frame_mask, bool) or self.frame_mask == "auto"):
             raise InvalidInputError(f"frame_mask must be True, False or 'auto' (got {self.frame_mask!r})")
         if self.spec not in (True, False, "auto"):
             raise InvalidInputError(f"spec must be True, False or 'auto' (got {self.spec!r})")
         if self.stream and not self.vision_cache:
             object.__setattr__(self, "vision_cache", True)  # a kept frame's features are what streaming keeps
         StepCache(self.step_cache or "adaptive", self.threshold, self.cache_steps)  # validates the settings
-        if self.expert not in (None, "auto", "bundled"):
+        if self.expert == "bundled":
+            object.__setattr__(self, "step_cache", None)  # the student integrates in its own few steps
+        elif self.expert not in (None, "auto"):
             name = str(self.expert) if isinstance(self.expert, (str, os.PathLike)) else ""
             if not name or name.startswith("<"):  # "<--expert>": drive-sim's placeholder, never a folder
                 raise InvalidInputError(f"expert must be None, 'auto', 'bundled' or a distilled expert's folder "
@@ -169,7 +171,8 @@ class FlashDriveConfig:
         """``True`` (all; speculative reasoning where a drafter fits, ``spec="auto"``), ``False`` / ``None`` (off:
         plain), a comma list of :data:`MECHANISMS` (each alone or together; ``stream-shift`` is
         streaming without re-rotation; ``spec`` requires a drafter; ``fewstep`` the student the VLA ships, refused
-        when it ships none; another student's folder takes a dict or config), a dict of fields (fields it leaves out keep their defaults,
+        when it ships none; another student's folder takes a dict or config; ``frame_mask`` the streaming mask, off
+        in a list that does not name it), a dict of fields (fields it leaves out keep their defaults,
         ``spec="auto"`` among them: a dict config speculates where a drafter fits unless it says ``"spec": False``),
         or a config.
 
@@ -193,7 +196,8 @@ class FlashDriveConfig:
             names = [n.strip() for n in spec.split(",") if n.strip()]
             if names == ["flashdrive"] or names == ["all"]:
                 return cls()
-            kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False, expert=None)
+            kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False, expert=None,
+                      frame_mask=False)
             for n in names:
                 if n == "stream-shift":
                     kw.update(stream=True, rerotate=False)
@@ -203,10 +207,12 @@ class FlashDriveConfig:
                     kw["step_cache"] = "fixed"
                 elif n == "fewstep":
                     kw["expert"] = "bundled"
+                elif n in ("frame_mask", "frame-mask"):
+                    kw["frame_mask"] = True
                 elif n.replace("-", "_") in MECHANISMS:
                     kw[n.replace("-", "_")] = True
                 else:
-                    raise InvalidInputError(f"unknown FlashDrive mechanism {n!r}; use some of {list(MECHANISMS)}, "
+                    raise InvalidInputError(f"unknown FlashDrive mechanism {n!r}; use some of {list(MECHANISMS)}, frame_mask, "
                                             "stream-shift, step_cache_fixed, or 'flashdrive' for all")
             return cls(**kw)
         raise InvalidInputError(f"flashdrive must be True, a mechanism list or a FlashDriveConfig (got {spec!r})")

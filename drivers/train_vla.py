@@ -448,9 +448,16 @@ def export_vla(src: str, out: str = VLA_DIR, dtype=torch.bfloat16, student: str 
 
     from .distill import STUDENT_DIR, export_student, student_info
 
+    if os.path.realpath(out) == os.path.realpath(src):
+        raise InvalidInputError(f"export {src} into another folder: it would overwrite the weights it reads")
     if student:
         student_info(student, src)  # refuse before anything under ``out`` is replaced
+        if os.path.realpath(student) == os.path.realpath(os.path.join(out, STUDENT_DIR)):
+            raise InvalidInputError(f"{student} is the folder this export replaces: export the student from its own")
     DrivingVLA.from_pretrained(src, dtype=torch.float32).save_pretrained(out, dtype=dtype)
+    for name in ("train_log.jsonl", "train_config.json"):  # an older model's records must not describe this one
+        if not os.path.isfile(os.path.join(src, name)) and os.path.isfile(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
     copy_training_files(src, out)
     if os.path.isdir(os.path.join(out, STUDENT_DIR)):
         shutil.rmtree(os.path.join(out, STUDENT_DIR))

@@ -234,5 +234,19 @@ def test_a_shipped_student_is_flashdrives_default(saved, tmp_path):
     assert e.student_path is None and "distilled on other weights" in e.describe()
     with pytest.raises(InvalidInputError, match="another backbone"):
         engine(other, "fewstep")
+    from mmspec.drivers.distill import export_student
+
+    with pytest.raises(InvalidInputError, match="not .* exported"):  # never bound to an unrelated backbone
+        export_student(student, saved, other)
+    with pytest.raises(InvalidInputError, match="another folder"):
+        export_vla(saved, saved, student=student)
+    inside = tmp_path / "shipped2" / "fewstep"
+    shutil.copytree(student, inside)  # a student of saved, sitting where the export would put it
+    with pytest.raises(InvalidInputError, match="replaces"):
+        export_vla(saved, str(tmp_path / "shipped2"), student=str(inside))
+    assert (inside / "distill.json").exists()
+    with open(f"{shipped}/train_config.json", "w") as f:
+        json.dump({"stream_mask": 0.5}, f)  # an older model's record
     export_vla(saved, shipped)  # re-exported without a student: the old one (bound to the old weights) goes
     assert bundled_student(shipped) is None
+    assert not (tmp_path / "shipped" / "train_config.json").exists()  # saved has none: the old one does not stay

@@ -158,6 +158,25 @@ def test_frame_mask_leaves_nothing_of_a_departed_frame(two_layer, world):
     assert not _pipe(two_layer, {**STREAM, "frame_mask": True, "stream": False}).flashdrive.exact
 
 
+def test_frame_mask_stream_equals_a_masked_full_prefill_with_two_cameras(one_layer, world):
+    """Two cameras: the new frames sit between kept ones, so the streamed prefill's mask goes by prompt index. On a
+    model whose cached states are context-free the masked stream equals a full prefill under the same mask."""
+    from mmspec.drivers.flashdrive import FlashDriveConfig
+
+    cams = ("front", "left")
+    stream = _pipe(one_layer, {**STREAM, "frame_mask": True}, cams)
+    full = _pipe(one_layer, {"stream": False, "step_cache": None, "frame_mask": True}, cams)
+    for k in (20, 21):
+        got, ref = (_step(p, world, k, cams, tick=k) for p in (stream, full))
+    assert got["stream"] == "reuse"
+    assert torch.allclose(got["first_logits"], ref["first_logits"], atol=1e-4, rtol=0)
+    assert stream.engine.frame_mask and full.engine.frame_mask  # (one layer: the mask cannot change its output)
+    assert FlashDriveConfig.parse("stream").frame_mask is False  # a list names what it turns on
+    assert FlashDriveConfig.parse("stream,frame_mask").frame_mask is True
+    with pytest.raises(InvalidInputError, match="frame_mask"):
+        FlashDriveConfig(frame_mask=1)
+
+
 def test_frame_mask_auto_follows_how_the_vla_was_trained(two_layer, tmp_path):
     """``frame_mask="auto"``: on with streaming for a VLA whose folder says it was fine-tuned with the streaming
     mask; off without streaming (exact settings stay exact), for other VLAs, and for one with no folder."""
