@@ -240,6 +240,7 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                 acc = quality.prompt_accuracy(clf, run["images"], prompts)
                 q.update(prompt_accuracy=acc.pop("all"), field_accuracy=acc,
                          fid=quality.fid(clf, run["images"], real) if len(run["images"]) > 1 else None,
+                         kid=quality.kid(clf, run["images"], real) if len(run["images"]) > 1 else None,
                          real_prompt_accuracy=real_acc)
             figures[s["name"]] = q
             st = run["stats"]
@@ -266,7 +267,9 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                 floors[scale].update(
                     prompt_accuracy_noise=abs(a["prompt_accuracy"] - quality.prompt_accuracy(clf, b["images"],
                                                                                              prompts)["all"]),
-                    fid_noise_floor=abs(a["fid"] - fid_b) if fid_b is not None and a["fid"] is not None else None)
+                    fid_noise_floor=abs(a["fid"] - fid_b) if fid_b is not None and a["fid"] is not None else None,
+                    kid_noise_floor=abs(a["kid"] - quality.kid(clf, b["images"], real))
+                    if len(b["images"]) > 1 and a.get("kid") is not None else None)
         by_name = {r["system"]: r for r in records[-len(systems):]}
         for s in systems:
             ref = next(x for x in systems if x["drafter"] is None and x["cfg_scale"] == s["cfg_scale"])

@@ -45,3 +45,21 @@ def test_bundled_classifier_reads_every_field_of_real_pictures():
     clf = WorldClassifier.from_pretrained(bundled_classifier())
     exs = get_workload("images").examples("test", 64)
     assert prompt_accuracy(clf, [ex.meta["image"] for ex in exs], [ex.prompt for ex in exs])["all"] >= 0.95
+
+
+def test_kid_is_the_unbiased_mmd_written_out():
+    """KID against the definition: mean of k over distinct pairs within each set, minus twice the cross mean,
+    k(x, y) = (x . y / d + 1) ** 3; near 0 for one distribution, large for shifted features."""
+    import numpy as np
+
+    from mmspec.image_ar.quality import kernel_mmd2
+
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(7, 5)), rng.normal(size=(9, 5)) + 0.3
+    k = lambda x, y: (x @ y / 5 + 1) ** 3  # noqa: E731
+    aa = sum(k(a[i], a[j]) for i in range(7) for j in range(7) if i != j) / (7 * 6)
+    bb = sum(k(b[i], b[j]) for i in range(9) for j in range(9) if i != j) / (9 * 8)
+    ab = sum(k(x, y) for x in a for y in b) / (7 * 9)
+    assert abs(kernel_mmd2(a, b) - (aa + bb - 2 * ab)) < 1e-9
+    same = rng.normal(size=(400, 5))
+    assert abs(kernel_mmd2(same[:200], same[200:])) < 0.05 < kernel_mmd2(same[:200], same[200:] + 0.5)
