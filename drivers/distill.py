@@ -47,9 +47,6 @@ STUDENT_INFO, STATE = "distill.json", "distill_state.pt"
 STUDENT_DIR = "fewstep"  # a VLA folder's own student (``train_vla export --student``): FlashDrive's default expert
 
 
-_HASHES: dict = {}  # (realpath, size, mtime_ns) of each weights file -> its hash: one read per file per process
-
-
 def backbone_hash(path: str) -> str:
     """The first 16 hex digits of the SHA-256 over a VLA folder's backbone weights (``model*.safetensors``, sorted):
     what a student was distilled on. A folder without them raises :class:`~mmspec.errors.InvalidInputError`.
@@ -65,18 +62,11 @@ def backbone_hash(path: str) -> str:
         if os.path.isdir(path) else []
     if not names:
         raise InvalidInputError(f"{path} holds no backbone weights (model*.safetensors): not a saved VLA folder")
+    from mmspec.checkpoints import file_sha256
+
     h = hashlib.sha256()
     for name in names:
-        f = os.path.realpath(os.path.join(path, name))
-        st = os.stat(f)
-        key = (f, st.st_size, st.st_mtime_ns)
-        if key not in _HASHES:
-            one = hashlib.sha256()
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    one.update(block)
-            _HASHES[key] = one.hexdigest()
-        h.update(_HASHES[key].encode())
+        h.update(file_sha256(os.path.join(path, name)).encode())
     return h.hexdigest()[:16]
 
 

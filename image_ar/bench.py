@@ -60,7 +60,7 @@ from dataclasses import fields
 import torch
 
 from mmspec.bench import plain_record, split_rule
-from mmspec.checkpoints import dtype_note, resolve_dtype
+from mmspec.checkpoints import dtype_note, file_sha256, resolve_dtype
 from mmspec.errors import InvalidInputError
 
 from .generator import ImageARPipeline
@@ -359,8 +359,7 @@ def _folder_digest(path: str) -> dict:
             if st.st_size > 256 << 20:
                 out[os.path.relpath(full, path)] = f"{st.st_size}:{st.st_mtime_ns}"
             else:
-                with open(full, "rb") as f:
-                    out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+                out[os.path.relpath(full, path)] = file_sha256(full)
     return dict(sorted(out.items()))
 
 

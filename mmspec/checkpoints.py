@@ -224,6 +224,34 @@ def copy_training_files(src: str, out: str, names=("train_log.jsonl", "train_con
             shutil.copy(os.path.join(src, name), os.path.join(out, name))
 
 
+_FILE_HASHES: dict = {}  # (realpath, size, mtime_ns) -> sha256: one read per file per process
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 hex digest of the file at ``path``, read in 1 MB blocks and remembered per (real path, size,
+    modification time), so a weights file that several checks fingerprint is read once per process.
+
+    Example:
+        >>> import tempfile
+        >>> f = os.path.join(tempfile.mkdtemp(), "w.bin")
+        >>> _ = open(f, "wb").write(b"weights")
+        >>> file_sha256(f)[:16]
+        '9a129038d9a00aed'
+    """
+    import hashlib
+
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    key = (real, st.st_size, st.st_mtime_ns)
+    if key not in _FILE_HASHES:
+        h = hashlib.sha256()
+        with open(real, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _FILE_HASHES[key] = h.hexdigest()
+    return _FILE_HASHES[key]
+
+
 def user_file_mode(path: str) -> None:
     """Give ``path`` the permissions any file the user writes gets (``0o666`` less the umask: 0644 by default).
 
