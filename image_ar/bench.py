@@ -33,6 +33,12 @@ finished batches are read back (a torn last line is dropped), the rest is measur
 uninterrupted run (timings are per batch, so every ratio stays paired per image). A checkpoint written by another
 configuration (systems, prompts, seed, model, dtype, batch sizes, device, threads) is refused.
 
+With ``cfg.quality == "full"`` (``mmspec bench --workload images --quality full``) the run is the quality run: at
+least 1000 prompts (:data:`mmspec.bench.QUALITY_FULL_N`, the default ``--n``), so FID's covariances over the
+classifier's 512-d features are full rank; batches of 16 unless ``--batch-sizes`` says otherwise (its speed fields
+are throughput at that batch size, not the batch-1 latency table's); the seed-set-B noise floor even for AR alone;
+every record's ``quality["mode"]`` says ``"full"``. Pair it with ``--resume``: it is hours on a CPU.
+
 The speed / quality table, tolerances, bars and Pareto plot of a run's JSON: ``python -m mmspec.image_ar pareto
 BENCH.json --png PLOT.png --md TABLE.md`` (:mod:`mmspec.image_ar.pareto`).
 
@@ -228,12 +234,14 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                                                "systems": entry})["systems"].items():
                     _absorb(runs[name], part)
         bar.close()
-        noise = _noise_floor(pipe, systems, chunks, cfg.seed, ckpt, bs, progress) if len(systems) > 1 else {}
+        full = getattr(cfg, "quality", "quick") == "full"
+        noise = _noise_floor(pipe, systems, chunks, cfg.seed, ckpt, bs, progress) if len(systems) > 1 or full else {}
         figures = {}  # per system: the quality figures the noise floor compares
         for s in systems:
             run = runs[s["name"]]
             scale = _scale(pipe, s)
-            q = {"cfg_scale": scale, "fid_n": len(run["images"]), "code_nll": statistics.fmean(run["nll"])}
+            q = {"cfg_scale": scale, "fid_n": len(run["images"]), "code_nll": statistics.fmean(run["nll"]),
+                 "mode": "full" if full else "quick"}
             if clf is None:
                 q["note"] = "no world classifier bundled: prompt accuracy and FID not measured"
             else:
@@ -339,10 +347,13 @@ def _fingerprint(model: str, prompts: list, systems: list, cfg, device) -> dict:
         if head.startswith("spatial"):  # a bare "spatial" is the shipped head (ssd.bundled_spatial_head)
             folders[head] = head.partition(":")[2] or os.path.join(os.path.dirname(__file__), "assets",
                                                                    "spatial-head")
-    return {"files": {k: _folder_digest(v) for k, v in folders.items()}, "systems": [s["name"] for s in systems],
-            "n": len(prompts), "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(),
-            "seed": cfg.seed, "dtype": cfg.dtype, "device": str(device), "threads": cfg.threads,
-            "batch_sizes": list(cfg.batch_sizes)}
+    out = {"files": {k: _folder_digest(v) for k, v in folders.items()}, "systems": [s["name"] for s in systems],
+           "n": len(prompts), "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(),
+           "seed": cfg.seed, "dtype": cfg.dtype, "device": str(device), "threads": cfg.threads,
+           "batch_sizes": list(cfg.batch_sizes)}
+    if getattr(cfg, "quality", "quick") != "quick":  # absent from a quick run's header: older checkpoints still match
+        out["quality"] = cfg.quality
+    return out
 
 
 def _folder_digest(path: str) -> dict:

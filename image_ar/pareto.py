@@ -79,6 +79,7 @@ def pareto_rows(results: list, batch_size: int | None = None) -> list[dict]:
                      "target_forwards": fwd, "forwards_ratio": (ar["target_forwards"] / fwd) if fwd else None,
                      "speedup_vs_ar": r["speedup_vs_ar"], "tau": r.get("tau"), "fid": q.get("fid"),
                      "fid_n": q.get("fid_n"), "fid_noise_floor": qa.get("fid_noise_floor"), "fid_tolerance": fid_tol,
+                     "kid": q.get("kid"), "kid_noise_floor": qa.get("kid_noise_floor"),
                      "prompt_accuracy": q.get("prompt_accuracy"),
                      "prompt_accuracy_noise": qa.get("prompt_accuracy_noise"),
                      "accuracy_tolerance": acc_tol, "code_nll": q.get("code_nll"),
@@ -119,6 +120,10 @@ def _f(v, fmt):
     return "-" if v is None else fmt.format(v)
 
 
+def _milli(v):
+    return None if v is None else 1e3 * v
+
+
 def table(rows: list) -> str:
     """:func:`pareto_rows` as a markdown table, with the tolerances and the bars under it.
 
@@ -128,28 +133,29 @@ def table(rows: list) -> str:
         ...       "speedup_vs_ar": 1.0, "target_forwards": 512, "tau": 1.0, "quality": q}
         >>> sjd = dict(ar, system="sjd", speedup_vs_ar=2.0, target_forwards=256, tau=2.0)
         >>> print(table(pareto_rows([ar, sjd])))  # doctest: +NORMALIZE_WHITESPACE
-        | system | lossless | target forwards | fwd ratio | wall speedup | tau | FID | prompt acc. | code NLL |
-        within tol. | Pareto |
-        |---|---|---|---|---|---|---|---|---|---|---|
-        | `ar` | yes | 512 | 1.00x | 1.00x | 1.00 | 40.0 | 0.800 | 0.900 | yes |  |
-        | `sjd` | yes | 256 | 2.00x | 2.00x | 2.00 | 40.0 | 0.800 | 0.900 | yes | * |
+        | system | lossless | target forwards | fwd ratio | wall speedup | tau | FID | KID x 1000 | prompt acc. |
+        code NLL | within tol. | Pareto |
+        |---|---|---|---|---|---|---|---|---|---|---|---|
+        | `ar` | yes | 512 | 1.00x | 1.00x | 1.00 | 40.0 | - | 0.800 | 0.900 | yes |  |
+        | `sjd` | yes | 256 | 2.00x | 2.00x | 2.00 | 40.0 | - | 0.800 | 0.900 | yes | * |
         <BLANKLINE>
-        FID n = 256; AR-vs-AR noise floor: FID 3.00, prompt accuracy -. Tolerance: FID <= 40.0 + 3.00, prompt
-        accuracy >= 0.800 - 0.020.
+        FID n = 256; AR-vs-AR noise floor: FID 3.00, KID x 1000 -, prompt accuracy -. Tolerance: FID <= 40.0 +
+        3.00, prompt accuracy >= 0.800 - 0.020.
         Lossless bar (>= 1.8x): holds (sjd: 2.00x). Fastest within tolerance (>= 3.5x): fails (sjd: 2.00x).
     """
-    out = ["| system | lossless | target forwards | fwd ratio | wall speedup | tau | FID | prompt acc. | code NLL | "
-           "within tol. | Pareto |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| system | lossless | target forwards | fwd ratio | wall speedup | tau | FID | KID x 1000 | prompt acc. | "
+           "code NLL | within tol. | Pareto |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| `{r['system']}` | {'yes' if r['lossless'] else 'no'} | {_f(r['target_forwards'], '{}')} | "
                    f"{_f(r['forwards_ratio'], '{:.2f}x')} | {_f(r['speedup_vs_ar'], '{:.2f}x')} | "
-                   f"{_f(r['tau'], '{:.2f}')} | {_f(r['fid'], '{:.1f}')} | {_f(r['prompt_accuracy'], '{:.3f}')} | "
+                   f"{_f(r['tau'], '{:.2f}')} | {_f(r['fid'], '{:.1f}')} | {_f(_milli(r['kid']), '{:.2f}')} | "
+                   f"{_f(r['prompt_accuracy'], '{:.3f}')} | "
                    f"{_f(r['code_nll'], '{:.3f}')} | {'yes' if r['within_tolerance'] else 'no'} | "
                    f"{'*' if r['pareto'] else ''} |")
     ar = next((r for r in rows if r["system"] == r["reference"]), rows[0])
     b = bars(rows)
-    out += ["", f"FID n = {ar['fid_n']}; AR-vs-AR noise floor: FID {_f(ar['fid_noise_floor'], '{:.2f}')}, prompt "
-                f"accuracy {_f(ar['prompt_accuracy_noise'], '{:.3f}')}. Tolerance: FID <= "
+    out += ["", f"FID n = {ar['fid_n']}; AR-vs-AR noise floor: FID {_f(ar['fid_noise_floor'], '{:.2f}')}, KID x 1000 "
+                f"{_f(_milli(ar['kid_noise_floor']), '{:.2f}')}, prompt accuracy {_f(ar['prompt_accuracy_noise'], '{:.3f}')}. Tolerance: FID <= "
                 f"{_f(ar['fid'], '{:.1f}')} + {_f(ar['fid_tolerance'], '{:.2f}')}, prompt accuracy >= "
                 f"{_f(ar['prompt_accuracy'], '{:.3f}')} - {ar['accuracy_tolerance']:.3f}.",
             f"Lossless bar (>= {LOSSLESS_BAR}x): {'holds' if b['lossless_bar_holds'] else 'fails'} "

@@ -34,6 +34,7 @@ class ImagesWorkload(SeededWorkload):
     plain_pipeline = True
     plain_systems = True  # ar, sjd, spatial and the relaxed rules: image_ar/bench.py
     resumable = True  # --resume: a checkpoint per batch (image_ar/bench.py)
+    quality_full = True  # --quality full: >= 1000 images per system (image_ar/bench.py)
     model_task = "images"
     model_marker = "image_generation.json"
 

@@ -78,6 +78,10 @@ HF_BATCH1_ONLY = "unsupported: transformers assisted generation is batch-1 only"
 
 _QUICK = {"n": 4, "max_new_tokens": 16}
 _FULL = {"n": 8, "max_new_tokens": 64}
+# --quality full (images): FID's covariances over the classifier's 512-d features need more images than dimensions;
+# 1000 per system is the floor of a quality run, generated in batches of 16 unless batch sizes are given.
+QUALITY_FULL_N = 1000
+QUALITY_FULL_BATCH = 16
 
 
 def default_model_path(workloads=()) -> str:
@@ -211,10 +215,17 @@ class BenchConfig:
         resume: a checkpoint file for workloads that support one (:attr:`~mmspec.workloads.Workload.resumable`:
             ``images``): each finished batch is appended to it, and a run with the same settings and path continues
             after the last finished batch (a checkpoint from other settings is refused).
+        quality: ``"quick"`` (default) or ``"full"``, the quality run of workloads that have one
+            (:attr:`~mmspec.workloads.Workload.quality_full`: ``images``): at least :data:`QUALITY_FULL_N` items
+            (the default ``n``; fewer is refused), the AR-vs-AR noise floor always, records marked
+            ``quality["mode"] = "full"``. Its speed fields are those of its batch sizes (the CLI's default there is
+            :data:`QUALITY_FULL_BATCH`), not of the batch-1 latency table.
 
     Example:
         >>> BenchConfig(quick=True).resolved_sizes()
         (4, 16)
+        >>> BenchConfig(quality="full").resolved_sizes()[0]
+        1000
     """
 
     model: str | None = None
@@ -234,6 +245,7 @@ class BenchConfig:
     inputs: str | None = None
     sampling: dict | None = None
     resume: str | None = None
+    quality: str = "quick"
 
     def resolved_device(self) -> torch.device:
         """``device``, or CUDA when available, else the CPU: where every system and plain pipeline runs.
@@ -246,12 +258,18 @@ class BenchConfig:
 
     def resolved_sizes(self) -> tuple[int, int]:
         """``(n, max_new_tokens)`` after defaults; raises on non-positive values."""
+        if self.quality not in ("quick", "full"):
+            raise InvalidInputError(f"quality must be 'quick' or 'full' (got {self.quality!r})")
         base = _QUICK if self.quick else _FULL
-        n = base["n"] if self.n is None else self.n
+        full = self.quality == "full"
+        n = (QUALITY_FULL_N if full else base["n"]) if self.n is None else self.n
         new = base["max_new_tokens"] if self.max_new_tokens is None else self.max_new_tokens
         for name, v in (("n", n), ("max_new_tokens", new)):
             if not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"{name} must be a positive integer (got {v!r})")
+        if full and (n < QUALITY_FULL_N or self.quick):
+            raise InvalidInputError(f"--quality full measures at least {QUALITY_FULL_N} images per system (FID over "
+                                    f"512-d features); got {'--quick' if self.quick else f'--n {n}'}")
         return n, new
 
 
@@ -1240,6 +1258,10 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
     if plain and cfg.sampling is not None:
         raise InvalidInputError(f"--sample applies to the VLM workloads; {', '.join(w.name for w in plain)} run "
                                 "their own pipelines' decoding (measure them in a run without --sample)")
+    if cfg.quality == "full" and (workloads or requests is not None or any(not w.quality_full for w in plain)):
+        others = [w.name for w in every if not w.quality_full] or ["--inputs"]
+        raise InvalidInputError(f"--quality full has no quality run for {', '.join(others)}; it is the images "
+                                "workload's (--workload images)")
     if cfg.resume and (workloads or requests is not None or any(not w.resumable for w in plain)):
         others = [w.name for w in every if not w.resumable] or ["--inputs"]
         raise InvalidInputError(f"--resume is not supported for {', '.join(others)}: run without it")

@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="small model with the target's tokenizer, for draft-model and hf-assistant")
     b.add_argument("--n", type=int, default=None, help="examples per workload (default 8; --quick 4)")
     b.add_argument("--max-new-tokens", type=int, default=None, help="default 64; --quick 16")
-    b.add_argument("--batch-sizes", default="1,4", help="comma-separated batch sizes (default 1,4)")
+    b.add_argument("--batch-sizes", default=None,
+                   help="comma-separated batch sizes (default 1,4; 16 with --quality full)")
     b.add_argument("--split", default="test", help="workload split (default test)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--sample", default=None, metavar="SETTINGS",
@@ -111,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--resume", default=None, metavar="CKPT.jsonl",
                    help="images workload: append every finished batch to this checkpoint; the same command again "
                         "continues after the last finished batch (a checkpoint from other flags is refused)")
+    b.add_argument("--quality", choices=("quick", "full"), default="quick",
+                   help="images workload: 'full' is the quality run, FID / KID / prompt accuracy / code NLL over "
+                        ">= 1000 images per system (the default --n) with the AR-vs-AR noise floor; pair it with "
+                        "--resume (hours on a CPU)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     t = sub.add_parser("train", help="train a drafter on the target's own responses and hidden states",
@@ -261,14 +266,16 @@ def _demo(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import BenchConfig, check_outputs, parse_csv, parse_sampling, run_bench
+    from .bench import QUALITY_FULL_BATCH, BenchConfig, check_outputs, parse_csv, parse_sampling, run_bench
 
     check_outputs(args.json, args.png)
     cfg = BenchConfig(model=args.model, workloads=parse_csv(args.workload), systems=parse_csv(args.systems),
                       draft_model=args.draft_model, n=args.n, max_new_tokens=args.max_new_tokens,
-                      batch_sizes=parse_csv(args.batch_sizes, int, "batch size"), split=args.split, seed=args.seed,
+                      batch_sizes=parse_csv(args.batch_sizes, int, "batch size") if args.batch_sizes else
+                      [QUALITY_FULL_BATCH] if args.quality == "full" else [1, 4], split=args.split, seed=args.seed,
                       quick=args.quick, device=args.device, threads=args.threads, dtype=args.dtype,
-                      inputs=args.inputs, sampling=parse_sampling(args.sample), resume=args.resume)
+                      inputs=args.inputs, sampling=parse_sampling(args.sample), resume=args.resume,
+                      quality=args.quality)
     report = run_bench(cfg, progress=not args.no_progress)
     print(report.table())
     if args.json:

@@ -132,6 +132,9 @@ class Workload:
     resumable = False
     """``True`` when :meth:`bench_plain` honours ``cfg.resume`` (a checkpoint a killed bench run continues from)."""
 
+    quality_full = False
+    """``True`` when :meth:`bench_plain` has a quality run (``mmspec bench --quality full``, ``cfg.quality``)."""
+
     own_systems: tuple = ()
     """Bench system names (the part before the first ``;``) this VLM workload measures itself, beside the bench's
     systems (the docs workload's ``hierarchical``): ``mmspec bench`` hands them to :meth:`bench_own`."""

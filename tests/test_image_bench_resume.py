@@ -144,3 +144,36 @@ def test_fingerprint_covers_spatial_heads(tmp_path):
     assert list(fp["files"][f"spatial:{head}"]) == ["model.safetensors"]  # its log left out
     (head / "model.safetensors").write_bytes(b"w2")
     assert _fingerprint(str(tmp_path / "gen"), ["p"], list(_systems(cfg.systems)), cfg, "cpu")["files"] != fp["files"]
+
+
+def test_quality_full_mode(gen, tmp_path, monkeypatch):
+    """``--quality full``: at least 1000 images per system (fewer, --quick, or a workload without a quality run is
+    refused before anything loads), the noise floor even for AR alone, records marked ``mode: full``, and a
+    checkpoint of a quick run is not continued as a full one. 1000 is patched down to 3 for the tiny run."""
+    import mmspec.bench as core_bench
+    from mmspec.cli import build_parser
+
+    with pytest.raises(InvalidInputError, match="at least 1000 images per system.*--n 999"):
+        BenchConfig(quality="full", n=999).resolved_sizes()
+    with pytest.raises(InvalidInputError, match="--quick"):
+        BenchConfig(quality="full", quick=True).resolved_sizes()
+    with pytest.raises(InvalidInputError, match="'quick' or 'full'"):
+        BenchConfig(quality="fast").resolved_sizes()
+    with pytest.raises(InvalidInputError, match="no quality run for docs"):
+        run_bench(BenchConfig(workloads=["docs", "images"], quality="full"), progress=False)
+    args = build_parser().parse_args(["bench", "--workload", "images", "--quality", "full"])
+    assert args.quality == "full" and args.batch_sizes is None  # _bench then takes QUALITY_FULL_BATCH
+    assert core_bench.QUALITY_FULL_BATCH > 1
+
+    monkeypatch.setattr(core_bench, "QUALITY_FULL_N", 3)
+    ck = str(tmp_path / "ck.jsonl")
+    with pytest.raises(_Killed):  # a quick run's checkpoint...
+        _run(_cfg(gen, resume=ck, systems=["ar"]), monkeypatch, kill_at=2)
+    with pytest.raises(InvalidInputError, match=r"\(quality differs: None there, 'full' here\)"):
+        _run(_cfg(gen, resume=ck, systems=["ar"], quality="full"), monkeypatch)  # ...is not a full run's
+    recs = _run(_cfg(gen, resume=str(tmp_path / "full.jsonl"), systems=["ar"], quality="full"), monkeypatch)
+    q = recs[0]["quality"]
+    assert q["mode"] == "full" and q["fid_n"] == 3 and q["fid_noise_floor"] is not None
+    assert q["prompt_accuracy_noise"] is not None and q["code_nll_noise"] is not None
+    quick = _run(_cfg(gen, systems=["ar"]), monkeypatch)[0]["quality"]
+    assert quick["mode"] == "quick" and "fid_noise_floor" not in quick  # AR alone, quick: no floor (as before)
