@@ -78,3 +78,13 @@ def test_pareto_png(tmp_path):
     png = tmp_path / "p.png"
     assert main([str(_bench_json(tmp_path)), "--png", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_kid_column_and_quality_run_note():
+    """KID x 1000 with its noise floor where the records carry it; a --quality full run at batch 16 says its speed bars
+    are not judged on it, a batch-1 run says nothing of the kind."""
+    kid = [dict(r, quality=dict(r["quality"], kid=0.0074, kid_noise_floor=0.0012)) for r in RECORDS[:3]]
+    text = table(pareto_rows(kid))
+    assert "| 100.0 | 7.40 | 0.800 |" in text and "KID x 1000 1.20" in text and "quality run" not in text
+    full = [dict(r, batch_size=16, quality=dict(r["quality"], mode="full")) for r in kid]
+    assert "A quality run (--quality full) at batch size 16" in table(pareto_rows(full))

@@ -45,3 +45,17 @@ SYS="$SYS,spatial;rule=lantern++:lambda=4,spatial;rule=csd,spatial;rule=gsd"
 OMP_NUM_THREADS=1 nice -n 10 python -m mmspec.cli bench --workload images --systems "$SYS" --n 256 --batch-sizes 1 \
   --dtype float32 --threads 1 --json "$W/bench-pareto.json" --resume "$W/bench-pareto.ckpt.jsonl"
 python -m mmspec.image_ar pareto "$W/bench-pareto.json" --png "$HERE/bench-pareto.png" --md "$HERE/bench-pareto.md"
+# The same in the checkpoint's dtype (bench-pareto-256-bf16.*: measured on a CPU with bf16 units; where bf16 is
+# emulated, AVX2 only, it is ~4x slower and the fp32 run is the one to read).
+OMP_NUM_THREADS=1 python -m mmspec.cli bench --workload images --systems "$SYS" --n 256 --batch-sizes 1 \
+  --dtype bfloat16 --threads 1 --json "$W/bench-pareto-bf16.json" --resume "$W/bench-pareto-bf16.ckpt.jsonl"
+python -m mmspec.image_ar pareto "$W/bench-pareto-bf16.json" --png "$HERE/bench-pareto-256-bf16.png" \
+  --md "$HERE/bench-pareto-256-bf16.md"
+# Issue 18's quality run: every image system over 1000 prompts (--quality full: FID / KID over full-rank 512-d
+# covariances, prompt accuracy, code NLL, the AR-vs-AR noise floor from a second AR run on seed set B), in batches of
+# 16 in the checkpoint's dtype (bf16), one thread; ~35 min on a shared 2-core machine with bf16 units. Its speed fields
+# are batch-16 throughput, not the batch-1 table above.
+OMP_NUM_THREADS=1 python -m mmspec.cli bench --workload images --quality full --systems "$SYS" --threads 1 \
+  --json "$W/bench-quality-full.json" --resume "$W/bench-quality-full.ckpt.jsonl"
+python -m mmspec.image_ar pareto "$W/bench-quality-full.json" --png "$HERE/bench-quality-full.png" \
+  --md "$HERE/bench-quality-full.md"
