@@ -227,12 +227,13 @@ def _varied(vla):
     return vla
 
 
-@pytest.mark.parametrize("branch_k", [1, 3])
-def test_speculative_reasoning_equals_the_vlas_own_greedy(two_layer, world, branch_k):
+@pytest.mark.parametrize("branch_k,head", [(1, {}), (3, {}), (1, {"rope": "flat", "context": "text"})])
+def test_speculative_reasoning_equals_the_vlas_own_greedy(two_layer, world, branch_k, head):
     """A block drafter's chain or tree, verified by the core over the tick's cache: token for token the VLA's own
-    greedy reasoning (generate), and the action expert reads the same context (same trajectory, same noise)."""
+    greedy reasoning (generate), and the action expert reads the same context (same trajectory, same noise). Also
+    for a FlatRoPE head that attends to text positions only (the two-reasoner variant's routine reasoner)."""
     plain = _pipe(two_layer)
-    spec = _pipe(two_layer, {**SPEC, "drafter": _glance(two_layer, branch_k=branch_k)})
+    spec = _pipe(two_layer, {**SPEC, "drafter": _glance(two_layer, branch_k=branch_k, **head)})
     spec.max_reasoning_tokens = spec.engine.max_reasoning_tokens = plain.max_reasoning_tokens = 9
     assert spec.flashdrive.exact and spec.engine.exact and "spec" in spec.engine.describe()  # fp32
     for k in (20, 21):
@@ -431,10 +432,12 @@ def test_bundled_drafter_through_from_pretrained(bundled):
     assert tokens / rounds > 1.5
 
 
-def test_streaming_speculative_reasoning_reads_the_prompt_in_prompt_order(one_layer, world):
+@pytest.mark.parametrize("head", [{}, {"rope": "flat"}])
+def test_streaming_speculative_reasoning_reads_the_prompt_in_prompt_order(one_layer, world, head):
     """With streaming over two cameras the cache holds the new frames after the kept ones; the drafter must still
     get its states in prompt order: its layer-0 states (embeddings, exact under streaming) equal a full
-    prefill's, and the reasoning equals the stream's own greedy reasoning (verification is exact on any cache)."""
+    prefill's, and the reasoning equals the stream's own greedy reasoning (verification is exact on any cache). A
+    FlatRoPE head numbers the prompt 0..n-1 whatever order the stream's cache holds it in."""
     cams = ("front", "left")
     seen = []
 
@@ -445,7 +448,7 @@ def test_streaming_speculative_reasoning_reads_the_prompt_in_prompt_order(one_la
             seen.append(ctx.hidden[0][0].clone())
             super().begin(ctx)
 
-    d = Recorder.from_target(one_layer.backbone, layer_ids=(0, 1), block_size=4, seed=0)
+    d = Recorder.from_target(one_layer.backbone, layer_ids=(0, 1), block_size=4, seed=0, **head)
     both = {**STREAM, "spec": True, "drafter": d, "reuse_reasoning": False}  # the head begins every tick
     spec, stream = _pipe(one_layer, both, cams), _pipe(one_layer, STREAM, cams)
     fresh = _pipe(one_layer, {**both, "stream": False}, cams)

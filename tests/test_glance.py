@@ -16,6 +16,8 @@ from mmspec.drafters.block import (BlockLoss, block_forward, block_training_mask
 from mmspec.errors import DrafterMismatchError, InvalidInputError
 from mmspec.registry import make_drafter
 from mmspec.vision.glance import GlanceDrafter, glance_record
+from mmspec.vision.glance.head import image_token_ids
+from mmspec.vision.glance.train import text_context
 
 import _tiny_qwen_vl as T
 import _tiny_text
@@ -135,8 +137,10 @@ def _spy_blocks(drafter):
     return seen
 
 
-def _training_logits(drafter, record, anchors):
-    batch = collate_blocks([record], drafter.block_size, 1, n_axes=drafter.head.n_axes)
+def _training_logits(drafter, record, anchors, context=None):
+    batch = collate_blocks([record], drafter.block_size, 1, n_axes=drafter.head.n_axes, rope=drafter.rope)
+    if (context or drafter.context) == "text":
+        batch = text_context(batch, image_token_ids(drafter._target_ref[0].config))
     batch["anchors"] = torch.tensor([anchors])
     with torch.no_grad():
         logits, _ = block_forward(drafter.head, batch)
@@ -168,16 +172,23 @@ def test_cached_drafting_equals_the_training_forward_text(perm, branch_k):
             assert torch.allclose(lg, ref, atol=1e-4), (r, a)
 
 
-@pytest.mark.parametrize("anchor_feature,refine", [(False, 0), (True, 0), ("all", 0), ("all", 1), (False, 1)])
-def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, refine):
+@pytest.mark.parametrize("anchor_feature,refine,rope,context", [
+    (False, 0, "target", "all"), (True, 0, "target", "all"), ("all", 0, "target", "all"), ("all", 1, "target", "all"),
+    (False, 1, "target", "all"), (False, 0, "flat", "all"), ("all", 1, "flat", "all"), (False, 0, "target", "text"),
+    ("all", 1, "flat", "text")])
+def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, refine, rope, context):
     """The same on Qwen2-VL with M-RoPE: context keys take the target's (time, height, width) positions, the
     text after the image continues from the rope delta. A noisy oracle in a union makes rounds accept long
-    paths through nodes the head did not draft (the head must still cache the accepted ones)."""
+    paths through nodes the head did not draft (the head must still cache the accepted ones). With
+    ``rope="flat"`` both paths place every token at its sequence index on one axis instead; with
+    ``context="text"`` neither lets a block see an image position (and that changes the logits)."""
     from mmspec.drafters import NoisyOracleDrafter, UnionDrafter
 
     model = T.build("qwen2_vl")
-    head = GlanceDrafter.from_target(model, seed=0, block_size=4, anchor_feature=anchor_feature, refine=refine)
-    assert head.head.n_axes == 3 and head.head.anchor_feature == anchor_feature and head.head.refine == refine
+    head = GlanceDrafter.from_target(model, seed=0, block_size=4, anchor_feature=anchor_feature, refine=refine,
+                                     rope=rope, context=context)
+    assert head.head.n_axes == (1 if rope == "flat" else 3)
+    assert head.head.anchor_feature == anchor_feature and head.head.refine == refine
     inputs = T.make_inputs("qwen2_vl", VL_PROMPTS[:1])
     ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
     P = inputs["input_ids"].shape[1]
@@ -192,6 +203,9 @@ def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, re
     full = _training_logits(head, rec, [len(seq) - 1 for _, seq, _ in seen])
     for (_, seq, lg), want in zip(seen, full):
         assert torch.allclose(lg, want, atol=1e-4), len(seq)
+    if context == "text":  # the hidden image positions would have mattered
+        assert not torch.allclose(_training_logits(head, rec, [len(seq) - 1 for _, seq, _ in seen], "all"), full,
+                                  atol=1e-3)
     if refine:  # the refinement pass really ran in both paths: its logits are not the first pass's
         head.head.refine = 0
         try:
@@ -220,13 +234,101 @@ def test_greedy_equals_generate_text(perm, branch_k, budget):
 @pytest.mark.parametrize("family", T.FAMILIES)
 @pytest.mark.parametrize("spec", ["glance;seed=0;block_size=4", "glance;seed=0;block_size=6;branch_k=3;tree_budget=9",
                                   "glance;seed=0;block_size=4;branch_k=2;depth_budget=auto",
-                                  "glance;seed=0;block_size=5;refine=1;anchor_feature=all;branch_k=2"])
+                                  "glance;seed=0;block_size=5;refine=1;anchor_feature=all;branch_k=2",
+                                  "glance;seed=0;block_size=4;rope=flat",
+                                  "glance;seed=0;block_size=5;refine=1;anchor_feature=all;branch_k=2;rope=flat",
+                                  "glance;seed=0;block_size=4;branch_k=2;rope=flat;context=text"])
 def test_greedy_equals_generate_qwen_vl(family, spec):
     model = T.build(family)
     drafter = make_drafter(spec, model)
     inputs = T.make_inputs(family, VL_PROMPTS)
     ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
     assert torch.equal(mmspec.generate(model, inputs, drafter=drafter, max_new_tokens=NEW).sequences, ref)
+
+
+def test_flat_rope_positions_are_sequence_indices_over_real_tokens():
+    """FlatRoPE: on a left-padded Qwen2-VL batch (images in both rows) a flat head's positions are
+    ``0..n-1`` over each row's real tokens, one axis, image tokens one each; the default head's are the
+    target's M-RoPE ones, which are not."""
+    model = T.build("qwen2_vl")
+    inputs = T.make_inputs("qwen2_vl", VL_PROMPTS)
+    mask = inputs["attention_mask"].bool()
+    assert not bool(mask.all())  # really left-padded
+    flat = GlanceDrafter.from_target(model, seed=0, block_size=4, rope="flat")
+    target = GlanceDrafter.from_target(model, seed=0, block_size=4)
+    got, own = flat.prompt_positions(model, inputs), target.prompt_positions(model, inputs)
+    assert got.shape == (*mask.shape, 1) and own.shape == (*mask.shape, 3)
+    for r in range(mask.shape[0]):
+        n = int(mask[r].sum())
+        assert got[r, mask[r], 0].tolist() == list(range(n))
+        assert not torch.equal(own[r, mask[r], 1], torch.arange(n))  # M-RoPE: a page's rows share positions
+    for bad, word in (("glance;rope=spiral", "rope"), ("glance;context=pixels", "context"),
+                      ("tiger;context=text", "context")):  # TIGER routes over the image positions
+        with pytest.raises(InvalidInputError, match=word):
+            make_drafter(bad, model)
+
+
+def test_flat_rope_head_saves_loads_and_trains_flat(tmp_path):
+    """A flat head's config says so and loads flat (same weights, same outputs); a head saved before the option
+    existed (no ``rope`` key) loads with the target's positions, as it was trained; the trainer validates the
+    option, rebuilds a data stage's default head into a flat one, and collates flat for a flat head."""
+    from mmspec.train import TrainConfig, get_trainer
+
+    model = T.build("qwen2_vl")
+    flat = GlanceDrafter.from_target(model, seed=0, block_size=4, rope="flat")
+    flat.save_pretrained(tmp_path / "flat")
+    cfg = json.loads((tmp_path / "flat" / "config.json").read_text())
+    assert cfg["config"]["rope"] == "flat"
+    loaded = make_drafter(f"glance:{tmp_path / 'flat'}", model)
+    assert loaded.rope == "flat" and loaded.head.n_axes == 1 and loaded.config_dict() == flat.config_dict()
+    for (k, a), (_, b) in zip(sorted(flat.state_dict().items()), sorted(loaded.state_dict().items())):
+        assert torch.equal(a, b), k
+    inputs = T.make_inputs("qwen2_vl", VL_PROMPTS)
+    a = mmspec.generate(model, inputs, drafter=flat, max_new_tokens=8)
+    b = mmspec.generate(model, inputs, drafter=loaded, max_new_tokens=8)
+    assert torch.equal(a.sequences, b.sequences) and a.stats.tau == b.stats.tau
+    del cfg["config"]["rope"]
+    (tmp_path / "flat" / "config.json").write_text(json.dumps(cfg))
+    old = GlanceDrafter.from_pretrained(tmp_path / "flat")
+    assert old.rope == "target" and old.head.n_axes == 3
+    trainer = get_trainer("glance")
+    with pytest.raises(InvalidInputError, match="rope"):
+        trainer.check_config(TrainConfig(kind="glance", num_draft_tokens=3, options={"rope": "1d"}))
+    with pytest.raises(InvalidInputError, match="context"):
+        get_trainer("tiger").check_config(TrainConfig(kind="tiger", num_draft_tokens=3, options={"context": "text"}))
+    fit = TrainConfig(kind="glance", num_draft_tokens=3, options={"rope": "flat"})
+    trainer.check_config(fit)
+    head = trainer.initial_drafter(old, fit)
+    assert head.rope == "flat" and head.fingerprint == old.fingerprint
+    trainer.loss_setup(head, fit)
+    rec = glance_record(model, T.make_inputs("qwen2_vl", VL_PROMPTS[:1]), head.layer_ids, 4, torch.float32)
+    n = len(rec["tokens"])
+    assert trainer.collate([rec])["positions"][0, :n, 0].tolist() == list(range(n))
+    trainer.loss_setup(old, TrainConfig(kind="glance", num_draft_tokens=3))
+    assert torch.equal(trainer.collate([rec])["positions"][0, :n], rec["positions"])
+
+
+def test_text_context_fit_hides_the_image_positions(tmp_path):
+    """``context="text"``: a fit reads the image ids from the target's config and collates every image position
+    as invisible to the blocks (and nothing else); a head saved with it loads with it."""
+    from mmspec.train import TrainConfig, get_trainer
+
+    model = T.build("qwen2_vl")
+    model.config.save_pretrained(tmp_path / "target")
+    saved = GlanceDrafter.from_target(model, seed=0, block_size=4)
+    trainer = get_trainer("glance")
+    fit = TrainConfig(kind="glance", target=str(tmp_path / "target"), num_draft_tokens=3, options={"context": "text"})
+    trainer.check_config(fit)
+    head = trainer.initial_drafter(saved, fit)
+    assert head.context == "text" and head.rope == "target"
+    trainer.loss_setup(head, fit)
+    rec = glance_record(model, T.make_inputs("qwen2_vl", VL_PROMPTS[:1]), head.layer_ids, 4, torch.float32)
+    n = len(rec["tokens"])
+    batch = trainer.collate([rec])
+    image = rec["tokens"] == model.config.image_token_id
+    assert 0 < int(image.sum()) < n and torch.equal(batch["context_visible"][0, :n], ~image)
+    head.save_pretrained(tmp_path / "head")
+    assert GlanceDrafter.from_pretrained(tmp_path / "head").context == "text"
 
 
 def test_trees_are_best_first_and_within_budget(perm):

@@ -17,7 +17,10 @@ the spatial heads later):
   own ``k_proj`` / ``v_proj`` (the block's keys/values come from the block itself through the same
   projections), so the block attends to ``[context ; block]``. Rotary positions are the target's own: a
   :class:`AxisRotary` takes one position per axis (1-D RoPE: one axis; Qwen-VL M-RoPE: time, height and
-  width, so an image token's key says where on the page it sits).
+  width, so an image token's key says where on the page it sits). ``rope="flat"`` (FlatRoPE, the two-reasoner
+  driving VLA's routine reasoner) gives the head 1-D RoPE over each token's sequence index instead
+  (:func:`flat_positions`): breaking the target's rotational layout moves the draft's attention off the image
+  tokens onto the text and history ones.
 - :class:`ContextCache`: the run-time cache of projected context keys/values, one ``[B, h, capacity, d]``
   buffer per layer with per-row lengths. It grows by the committed tokens only (the prompt after prefill,
   then each round's root and accepted path): rejected drafts never enter it.
@@ -61,9 +64,14 @@ from .eagle import _RMSNorm, _rope
 from .saving import TrainableDrafter, target_fingerprint
 
 __all__ = ["AxisRotary", "BlockLayer", "BlockHead", "ContextCache", "BlockDrafter", "kept_layer_ids",
-           "context_positions", "rope_settings", "collate_blocks", "block_training_mask", "block_forward", "block_loss",
-           "BlockLoss",
+           "context_positions", "flat_positions", "rope_settings", "ROPE_MODES", "collate_blocks",
+           "block_training_mask", "block_forward", "block_loss", "BlockLoss",
            "position_weights"]
+
+
+ROPE_MODES = ("target", "flat")
+"""Values of a block head's ``rope`` option: the target's own positions (M-RoPE axes included), or ``flat``: one
+axis, each token's sequence index (FlatRoPE)."""
 
 
 def kept_layer_ids(num_layers: int, n: int = 3) -> tuple:
@@ -203,14 +211,20 @@ class BlockHead(nn.Module):
         block_size: tokens per block, the committed one included (``block_size - 1`` drafted).
         num_layers, num_heads, head_dim, intermediate_size, rms_eps: the decoder layers' shape.
         rope_theta, mrope_section, mrope_interleaved: the rotary layout (the target's, see :func:`rope_settings`).
+        rope: ``"target"`` (positions in that layout) or ``"flat"`` (1-D RoPE over sequence indices; the M-RoPE
+            sections are then unused).
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, num_context_layers: int, block_size: int = 8,
                  num_layers: int = 2, num_heads: int | None = None, head_dim: int | None = None,
                  intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
-                 mrope_section=None, mrope_interleaved: bool = False, anchor_feature=False, refine: int = 0):
+                 mrope_section=None, mrope_interleaved: bool = False, anchor_feature=False, refine: int = 0,
+                 rope: str = "target"):
         super().__init__()
         H = int(hidden_size)
+        if rope not in ROPE_MODES:
+            raise ValueError(f"rope must be one of {ROPE_MODES} (got {rope!r})")
+        self.rope = rope
         if refine not in (0, 1) or isinstance(refine, bool):
             raise ValueError(f"refine must be 0 or 1 (got {refine!r})")
         if anchor_feature not in (False, True, "all"):
@@ -235,7 +249,8 @@ class BlockHead(nn.Module):
         self.layers = nn.ModuleList(BlockLayer(H, int(num_heads), int(head_dim), int(intermediate_size or 2 * H),
                                                rms_eps) for _ in range(int(num_layers)))
         self.norm = _RMSNorm(H, rms_eps)
-        self.rotary = AxisRotary(int(head_dim), rope_theta, mrope_section, mrope_interleaved)
+        flat = rope == "flat"
+        self.rotary = AxisRotary(int(head_dim), rope_theta, None if flat else mrope_section, mrope_interleaved)
         # EAGLE's shortcut inside the block: the committed token's input also carries the context vector of the
         # position just before it (the state that predicted it). Without it the head must first learn to find
         # that one key among hundreds by attention, which on this scale of data costs most of its training.
@@ -368,6 +383,19 @@ def context_positions(model, model_inputs: dict, n_axes: int) -> torch.Tensor:
     return pos[-n_axes:].permute(1, 2, 0).contiguous()
 
 
+def flat_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """FlatRoPE positions ``[B, L, 1]``: each token's sequence index, the count of real tokens before it (padding
+    excluded, so a left-padded row starts at 0 like an unpadded one; padding slots get 0 and are never read).
+    Image tokens count one each, whatever their M-RoPE grid.
+
+    Example:
+        >>> flat_positions(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]))[..., 0].tolist()
+        [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    """
+    m = attention_mask.long()
+    return ((m.cumsum(-1) - 1).clamp(min=0) * m)[..., None]
+
+
 class ContextCache:
     """Projected context keys/values of the rows being decoded: per layer ``k, v[B, h, capacity, d]`` where row
     ``b`` holds ``lengths[b]`` committed positions in its first slots (rows grow unevenly; the attention mask
@@ -425,7 +453,8 @@ class BlockDrafter(TrainableDrafter):
 
     Args:
         hidden_size, vocab_size, layer_ids, block_size, num_layers, num_heads, head_dim, intermediate_size,
-        rms_eps, rope_theta, mrope_section, mrope_interleaved: the head (saved with it).
+        rms_eps, rope_theta, mrope_section, mrope_interleaved, rope: the head (saved with it; ``rope="flat"``: 1-D
+            positions over sequence indices, :func:`flat_positions`, in place of the target's).
         num_draft_tokens: block positions used per round (``None``: all ``block_size - 1``).
         branch_k: candidates per position in the tree (1: a chain, the head's argmax at each position, or its
             sample when the target samples).
@@ -441,7 +470,7 @@ class BlockDrafter(TrainableDrafter):
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1,), block_size: int = 8, num_layers: int = 2,
                  num_heads: int | None = None, head_dim: int | None = None, intermediate_size: int | None = None,
                  rms_eps: float = 1e-6, rope_theta: float = 10000.0, mrope_section=None,
-                 mrope_interleaved: bool = False, anchor_feature=False, refine: int = 0,
+                 mrope_interleaved: bool = False, anchor_feature=False, refine: int = 0, rope: str = "target",
                  num_draft_tokens: int | None = None,
                  branch_k: int = 1, tree_budget: int | None = None, depth_budget: str | None = None,
                  fingerprint: dict | None = None):
@@ -451,7 +480,7 @@ class BlockDrafter(TrainableDrafter):
             raise ValueError("layer_ids must name at least one target layer")
         self.head = BlockHead(hidden_size, vocab_size, len(self.layer_ids), block_size, num_layers, num_heads,
                               head_dim, intermediate_size, rms_eps, rope_theta, mrope_section, mrope_interleaved,
-                              anchor_feature, refine)
+                              anchor_feature, refine, rope)
         first = self.head.layers[0]
         self._shape = {"hidden_size": int(hidden_size), "vocab_size": int(vocab_size), "block_size": int(block_size),
                        "num_layers": int(num_layers), "num_heads": first.heads, "head_dim": first.head_dim,
@@ -459,7 +488,7 @@ class BlockDrafter(TrainableDrafter):
                        "rope_theta": float(rope_theta),
                        "mrope_section": None if mrope_section is None else [int(s) for s in mrope_section],
                        "mrope_interleaved": bool(mrope_interleaved), "anchor_feature": self.head.anchor_feature,
-                       "refine": self.head.refine}
+                       "refine": self.head.refine, "rope": rope}
         self.num_draft_tokens = int(num_draft_tokens or block_size - 1)
         self.branch_k = int(branch_k)
         self.tree_budget = None if tree_budget is None else int(tree_budget)
@@ -533,6 +562,28 @@ class BlockDrafter(TrainableDrafter):
         dev = target.device if target.device.type != "meta" else torch.device("cpu")
         return drafter.to(dev).eval()
 
+    @property
+    def rope(self) -> str:
+        return self.head.rope
+
+    def prompt_positions(self, model, model_inputs: dict) -> torch.Tensor:
+        """The head's positions ``[B, L, n_axes]`` of a batch of prompts (a processor's outputs): the target's own
+        (:func:`context_positions`), or with ``rope="flat"`` each token's sequence index (:func:`flat_positions`).
+
+        Example:
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> t = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+            ...                      num_hidden_layers=2, num_attention_heads=2))
+            >>> d = BlockDrafter.from_target(t, block_size=4, rope="flat")
+            >>> inputs = {"input_ids": torch.tensor([[0, 5, 6]]), "attention_mask": torch.tensor([[0, 1, 1]])}
+            >>> d.prompt_positions(t, inputs)[..., 0].tolist()
+            [[0, 0, 1]]
+        """
+        if self.rope == "flat":
+            mask = model_inputs.get("attention_mask")
+            return flat_positions(torch.ones_like(model_inputs["input_ids"]) if mask is None else mask)
+        return context_positions(model, model_inputs, self.head.n_axes)
+
     def bind(self, model) -> None:
         super().bind(model)
         self._target_ref[:] = [model]
@@ -560,6 +611,12 @@ class BlockDrafter(TrainableDrafter):
         head reads them as they are; GLANCE swaps image positions for the shuffled-features ablation."""
         return features
 
+    def prompt_visible(self, ctx: DraftContext, rows: list, lengths: list) -> list | None:
+        """Hook: per original row ``rows[i]``, ``bool[lengths[i]]``: which of its prompt positions the head may
+        attend to (the others never enter the context cache), or ``None``: all of them. The training side is the
+        batch's ``context_visible`` (:func:`block_forward`). GLANCE's ``context="text"`` hides the image positions."""
+        return None
+
     def prompt_context(self, slot: int, row: int, context: torch.Tensor, ctx: DraftContext) -> None:
         """Hook: cache row ``slot`` (original row ``row``) got its prompt's projected context ``context[plen, H]``.
         The base head keeps nothing more; TIGER keeps routing keys of the image positions."""
@@ -581,10 +638,9 @@ class BlockDrafter(TrainableDrafter):
             raise InvalidInputError(f"the {self.kind} drafter was not bound to a target; run it through "
                                     "mmspec.generate (which binds it)")
         model = self._target_ref[0]
-        A = self.head.n_axes
         feats = self._ctx_features(ctx)  # [B_active, L, nH], prompts right-aligned
         inputs = ctx.model_inputs
-        pos_all = context_positions(model, inputs, A).to(feats.device)  # [B_orig, L, A]
+        pos_all = self.prompt_positions(model, inputs).to(feats.device)  # [B_orig, L, A]
         mask_all = inputs.get("attention_mask")
         if mask_all is None:
             mask_all = torch.ones_like(inputs["input_ids"])
@@ -596,6 +652,7 @@ class BlockDrafter(TrainableDrafter):
             prompt_pos.append(pos_all[r][keep])
             prompt_feats.append(feats[b, L - plen:])
         prompt_feats = self.prompt_features(ctx, rows, prompt_feats, prompt_pos)
+        visible = self.prompt_visible(ctx, rows, [len(p) for p in prompt_pos])
         first = self.head.layers[0]
         dt, dev = self.head.fc.weight.dtype, self.head.fc.weight.device
         self._cache = ContextCache(len(self.head.layers), first.heads, first.head_dim, len(rows), dt, dev,
@@ -603,9 +660,12 @@ class BlockDrafter(TrainableDrafter):
         last = []
         for b, (f, p) in enumerate(zip(prompt_feats, prompt_pos)):
             c = self.head.project_context(f[None])
+            last.append(c[0, -1])  # the anchor feature reads the state before the block, hidden from attention or not
+            if visible is not None:
+                keep = visible[b].to(c.device)
+                c, p = c[:, keep], p[keep.to(p.device)]
             self._cache.append(b, self.head.context_kv(c, p[None].to(dev)))
             self.prompt_context(b, rows[b], c[0], ctx)
-            last.append(c[0, -1])
         self._last_c = torch.stack(last)
         self._slot = {r: b for b, r in enumerate(rows)}
         # Next position per cache row (the pending token's), [A, B]; advanced over committed tokens as the adapter does.
@@ -735,14 +795,16 @@ def position_weights(block_size: int, decay: float | None) -> torch.Tensor:
 
 
 def collate_blocks(records: list[dict], block_size: int, num_anchors: int, generator: torch.Generator | None = None,
-                   n_axes: int = 1) -> dict:
+                   n_axes: int = 1, rope: str = "target") -> dict:
     """Right-pad records (``tokens[n]``, ``labels[n]``: the target's argmax next token at each position,
     ``features[n, D]``, optional ``positions[n, A]``, ``prompt_len``) and draw up to ``num_anchors`` distinct
     anchors per record among the generated positions (``prompt_len .. n - 1``: at run time a block starts at
     the pending token, which is always a generated one, with the whole prompt in its context).
 
     Returns ``tokens[B, T]``, ``labels[B, T]`` (-100 on padding), ``features[B, T, D]``, ``positions[B, T, A]``
-    (a record without them gets ``0..n-1`` on every axis), ``valid[B, T]`` and ``anchors[B, N]`` (-1: none);
+    (a record without them gets ``0..n-1`` on every axis; ``rope="flat"`` gives every record ``0..n-1`` on one axis,
+    its recorded positions unread: a record holds real tokens only, so these are :func:`flat_positions`),
+    ``valid[B, T]`` and ``anchors[B, N]`` (-1: none);
     records with ``routable[n]`` (positions a router may pick among, e.g. TIGER's image tokens) or the target's
     ``top_ids`` / ``top_logp[n, K]`` (:func:`~mmspec.drafters.eagle.target_record` with ``keep_top``) pass them
     on, padded (``False`` / id 0 and log-probability ``-inf``).
@@ -753,7 +815,14 @@ def collate_blocks(records: list[dict], block_size: int, num_anchors: int, gener
         >>> b = collate_blocks([rec], block_size=3, num_anchors=8)
         >>> b["anchors"][0].tolist()   # three generated positions; the other slots are empty
         [3, 4, 5, -1, -1, -1, -1, -1]
+        >>> rec["positions"] = torch.tensor([[0, 0, 0], [1, 1, 1], [1, 1, 2], [3, 3, 3], [4, 4, 4], [5, 5, 5]])
+        >>> collate_blocks([rec], 3, 8, rope="flat")["positions"][0, :, 0].tolist()
+        [0, 1, 2, 3, 4, 5]
     """
+    if rope not in ROPE_MODES:
+        raise ValueError(f"rope must be one of {ROPE_MODES} (got {rope!r})")
+    if rope == "flat":
+        n_axes = 1
     B, T = len(records), max(len(r["tokens"]) for r in records)
     D = records[0]["features"].shape[-1]
     tok = torch.zeros(B, T, dtype=torch.long)
@@ -766,7 +835,7 @@ def collate_blocks(records: list[dict], block_size: int, num_anchors: int, gener
         n = len(r["tokens"])
         tok[b, :n], lab[b, :n], fea[b, :n], valid[b, :n] = r["tokens"], r["labels"], r["features"].float(), True
         p = r.get("positions")
-        pos[b, :n] = torch.arange(n)[:, None] if p is None else p.reshape(n, -1)[:, -n_axes:]
+        pos[b, :n] = torch.arange(n)[:, None] if p is None or rope == "flat" else p.reshape(n, -1)[:, -n_axes:]
         lo = min(int(r.get("prompt_len", 1)), n - 1)
         cand = torch.arange(max(lo, 1), n)
         pick = cand[torch.randperm(len(cand), generator=generator)[:num_anchors]]
@@ -815,7 +884,9 @@ def block_forward(head: BlockHead, batch: dict, context_mask=None, all_passes: b
     the head's distribution at each drafted offset ``j`` and what it is scored against, ``labels[a + j - 1]``
     (the target's own next token there; -100 where there is none).
 
-    ``context_mask(allowed, c, anchors, batch)`` (optional) turns the boolean mask of
+    ``batch["context_visible"]`` (optional, ``bool[B, T]``): the positions a block may attend to (default
+    ``valid``; the training side of :meth:`BlockDrafter.prompt_visible`). ``context_mask(allowed, c, anchors,
+    batch)`` (optional) turns the boolean mask of
     :func:`block_training_mask` into the one the head attends with, given the projected context ``c[B, T, H]``
     (the training side of :meth:`BlockDrafter.context_mask`). A head with ``refine`` runs its refinement pass on the
     first pass's argmax drafts; the logits returned are the last pass's, or every pass's (a list, first pass
@@ -838,7 +909,8 @@ def block_forward(head: BlockHead, batch: dict, context_mask=None, all_passes: b
     is_mask = (offs > 0)[None, None].expand(B, N, Bs)
     base = pos.gather(1, a[:, :, None].expand(-1, -1, pos.shape[-1]))  # [B, N, A]
     block_pos = base[:, :, None, :] + offs[None, None, :, None]
-    allowed = block_training_mask(anchors, valid, Bs)
+    visible = batch["context_visible"].to(dev) & valid if "context_visible" in batch else valid
+    allowed = block_training_mask(anchors, visible, Bs)
     if context_mask is not None:
         allowed = context_mask(allowed, c, anchors, batch)
     before = None

@@ -4,14 +4,17 @@ included, with the target's own M-RoPE positions on its context keys; a best-fir
 The head, its cache and its tree are the core's block body (:class:`~mmspec.drafters.block.BlockDrafter`);
 this kind adds what is GLANCE's: the ``image_features`` option (``own``, or ``shuffled``: another item's
 image-position states swapped in, the proof that the head reads the page; see
-:class:`~mmspec.vision.glance.head.ShuffledImageFeatures`) and its registry spelling.
+:class:`~mmspec.vision.glance.head.ShuffledImageFeatures`), the ``context`` option (``all``, or ``text``: the head
+attends to text positions only, prompt and response, never to image tokens; a trained property, saved with the
+head: the two-reasoner driving VLA's routine reasoner reads the ego history, not the frames) and its registry
+spelling.
 
 Differences from GLANCE's code (``js-lee-AI/GLANCE``, see the research notes): its head keeps 1-D positions
 (here the context keys take the target's M-RoPE positions, so an image token's key knows its row and
-column); its mask token is a vocabulary id (here a learnt vector); under sampling it samples from the target
-and matches (here the core's lossless rejection rule: a sampled chain with its ``q``, or a deterministic
-tree); block length and tree size come from options and the core's :class:`~mmspec.budget.DepthBudget`
-(``depth_budget=auto``) rather than fixed at 16 / 63.
+column; ``rope=flat`` gives GLANCE's 1-D sequence indices); its mask token is a vocabulary id (here a learnt
+vector); under sampling it samples from the target and matches (here the core's lossless rejection rule: a
+sampled chain with its ``q``, or a deterministic tree); block length and tree size come from options and the
+core's :class:`~mmspec.budget.DepthBudget` (``depth_budget=auto``) rather than fixed at 16 / 63.
 
 Example:
     >>> from mmspec.registry import make_drafter                                      # doctest: +SKIP
@@ -27,10 +30,13 @@ from mmspec.errors import InvalidInputError
 
 from .head import ShuffledImageFeatures, image_token_mask
 
-__all__ = ["GlanceDrafter", "IMAGE_FEATURES", "RUN_OPTIONS", "glance_factory"]
+__all__ = ["GlanceDrafter", "CONTEXTS", "IMAGE_FEATURES", "RUN_OPTIONS", "glance_factory"]
 
 IMAGE_FEATURES = ("own", "shuffled")
 """Values of the ``image_features`` option."""
+
+CONTEXTS = ("all", "text")
+"""Values of the ``context`` option: what the head attends to (every committed position, or text positions only)."""
 
 RUN_OPTIONS = ("num_draft_tokens", "branch_k", "tree_budget", "depth_budget", "image_features")
 """Options that change how a saved head drafts, not what it learnt (accepted with ``glance:PATH``)."""
@@ -38,7 +44,8 @@ RUN_OPTIONS = ("num_draft_tokens", "branch_k", "tree_budget", "depth_budget", "i
 
 class GlanceDrafter(BlockDrafter):
     """The GLANCE block drafter. Arguments as :class:`~mmspec.drafters.block.BlockDrafter`, plus
-    ``image_features``: ``"own"`` (default) or ``"shuffled"`` (the reading ablation).
+    ``image_features``: ``"own"`` (default) or ``"shuffled"`` (the reading ablation), and ``context``: ``"all"``
+    (default) or ``"text"`` (image positions never enter the head's context).
 
     Example:
         >>> import torch
@@ -52,8 +59,11 @@ class GlanceDrafter(BlockDrafter):
 
     kind = "glance"
 
-    def __init__(self, *args, image_features: str = "own", **kw):
+    def __init__(self, *args, image_features: str = "own", context: str = "all", **kw):
         super().__init__(*args, **kw)
+        if context not in CONTEXTS:
+            raise ValueError(f"context must be one of {CONTEXTS} (got {context!r})")
+        self.context = context
         self.image_features = image_features
         self._check_image_option()
         self.shuffler = ShuffledImageFeatures()
@@ -63,7 +73,13 @@ class GlanceDrafter(BlockDrafter):
             raise ValueError(f"image_features must be one of {IMAGE_FEATURES} (got {self.image_features!r})")
 
     def config_dict(self) -> dict:
-        return {**super().config_dict(), "image_features": self.image_features}
+        return {**super().config_dict(), "image_features": self.image_features, "context": self.context}
+
+    def prompt_visible(self, ctx: DraftContext, rows: list, lengths: list) -> list | None:
+        if self.context == "all":
+            return None
+        model = self._target_ref[0]
+        return [~image_token_mask(model, ctx.model_inputs, r) for r in rows]
 
     def prompt_features(self, ctx: DraftContext, rows: list, features: list, positions: list) -> list:
         if self.image_features == "own":

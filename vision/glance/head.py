@@ -20,7 +20,20 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["image_token_mask", "ShuffledImageFeatures"]
+__all__ = ["image_token_ids", "image_token_mask", "ShuffledImageFeatures"]
+
+
+def image_token_ids(config) -> list:
+    """The image and video placeholder ids a target's ``config`` names (``image_token_id``, ``video_token_id``,
+    ``image_token_index``; a text target has none).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> image_token_ids(SimpleNamespace(image_token_id=9, video_token_id=None))
+        [9]
+    """
+    special = [getattr(config, k, None) for k in ("image_token_id", "video_token_id", "image_token_index")]
+    return [int(s) for s in special if s is not None]
 
 
 def image_token_mask(model, model_inputs: dict, row: int) -> torch.Tensor:
@@ -38,10 +51,8 @@ def image_token_mask(model, model_inputs: dict, row: int) -> torch.Tensor:
     mask = model_inputs.get("attention_mask")
     if mask is not None:
         ids = ids[mask[row].bool()]
-    special = [getattr(model.config, k, None) for k in ("image_token_id", "video_token_id", "image_token_index")]
-    special = [int(s) for s in special if s is not None]
     out = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-    for s in special:
+    for s in image_token_ids(model.config):
         out |= ids == s
     return out
 

@@ -16,7 +16,10 @@ Kind options (``--options '{"num_anchors": 16}'``), validated before any model l
 0 for none), ``num_layers`` (head layers, default 2), ``num_kept_layers`` (target layers read, default 3),
 ``anchor_feature`` (default true: the block's committed token also reads the state just before it, EAGLE's
 input, see :class:`~mmspec.drafters.block.BlockHead`), ``refine`` (0 or 1: a second head pass in which every drafted
-position reads the first pass's drafts, trained on the head's own first-pass argmax; both passes' losses count).
+position reads the first pass's drafts, trained on the head's own first-pass argmax; both passes' losses count),
+``rope`` (``"target"``: the target's own M-RoPE positions; ``"flat"``: FlatRoPE, 1-D sequence indices; the records
+keep the target's positions either way, so one data stage serves both), ``context`` (``"all"``, or ``"text"``: the
+head never attends to image positions; which ids are images is read from the target's config).
 The block holds ``--num-draft-tokens`` + 1 tokens.
 
 Example:
@@ -29,13 +32,16 @@ from __future__ import annotations
 
 import torch
 
+from mmspec.drafters.block import ROPE_MODES
 from mmspec.errors import InvalidInputError
 from mmspec.train import Trainer
 
-__all__ = ["GlanceTrainer", "glance_record", "OPTION_DEFAULTS"]
+from .drafter import CONTEXTS
+
+__all__ = ["GlanceTrainer", "glance_record", "text_context", "OPTION_DEFAULTS"]
 
 OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_kept_layers": 3, "anchor_feature": True,
-                   "refine": 0}
+                   "refine": 0, "rope": "target", "context": "all"}
 """GLANCE's training options and their defaults (``loss_decay=None``: ``block_size / 2``)."""
 
 
@@ -68,6 +74,20 @@ def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=t
     return rec
 
 
+def text_context(batch: dict, hidden_ids) -> dict:
+    """``context="text"``: mark the positions of a :func:`~mmspec.drafters.block.collate_blocks` batch whose token
+    is one of ``hidden_ids`` (image placeholders) as invisible to every block (``context_visible``), as
+    :meth:`~mmspec.vision.glance.drafter.GlanceDrafter.prompt_visible` keeps them out of the cache at run time.
+
+    Example:
+        >>> b = text_context({"tokens": torch.tensor([[1, 9, 9, 2]]), "valid": torch.ones(1, 4, dtype=torch.bool)}, [9])
+        >>> b["context_visible"].int().tolist()
+        [[1, 0, 0, 1]]
+    """
+    ids = torch.as_tensor(list(hidden_ids), dtype=batch["tokens"].dtype)
+    return {**batch, "context_visible": batch["valid"] & ~torch.isin(batch["tokens"], ids)}
+
+
 class GlanceTrainer(Trainer):
     """GLANCE's plug into :mod:`mmspec.train` (see the module docstring)."""
 
@@ -78,6 +98,8 @@ class GlanceTrainer(Trainer):
         self._gen = torch.Generator().manual_seed(0)
         self._opts = dict(self.OPTIONS)
         self._block = None
+        self._rope = self._opts.get("rope", "target")  # the head being fitted's, which collate must lay out
+        self._hidden_ids = None  # token ids whose positions the head being fitted never attends to (context="text")
 
     @property
     def drafter_cls(self):
@@ -109,6 +131,11 @@ class GlanceTrainer(Trainer):
         if not (isinstance(opts["anchor_feature"], bool) or opts["anchor_feature"] == "all"):
             raise InvalidInputError(f"{self.kind} option anchor_feature must be true, false or \"all\" "
                                     f"(got {opts['anchor_feature']!r})")
+        if opts["rope"] not in ROPE_MODES:
+            raise InvalidInputError(f"{self.kind} option rope must be one of {ROPE_MODES} (got {opts['rope']!r})")
+        if opts["context"] not in CONTEXTS:
+            raise InvalidInputError(f"{self.kind} option context must be one of {CONTEXTS} "
+                                    f"(got {opts['context']!r})")
         d = opts["loss_decay"]
         if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0):
             raise InvalidInputError(f"{self.kind} option loss_decay must be a number >= 0 (got {d!r})")
@@ -123,6 +150,7 @@ class GlanceTrainer(Trainer):
                                     f"{opts['num_kept_layers']} disagree")
         self._opts = opts
         self._block = cfg.num_draft_tokens + 1
+        self._rope = opts["rope"]
 
     def layer_ids(self, cfg, model_config) -> tuple:
         from mmspec.drafters.block import kept_layer_ids
@@ -138,10 +166,12 @@ class GlanceTrainer(Trainer):
         opts = self.options(cfg)
         return GlanceDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
                                          block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"],
-                                         anchor_feature=opts["anchor_feature"], refine=opts["refine"])
+                                         anchor_feature=opts["anchor_feature"], refine=opts["refine"],
+                                         rope=opts["rope"], context=opts["context"])
 
     #: kind options that shape the drafter, and the drafter config key each one sets
-    SHAPE_OPTIONS = {"num_layers": "num_layers", "anchor_feature": "anchor_feature", "refine": "refine"}
+    SHAPE_OPTIONS = {"num_layers": "num_layers", "anchor_feature": "anchor_feature", "refine": "refine",
+                     "rope": "rope", "context": "context"}
 
     def initial_drafter(self, drafter, cfg):
         """Rebuild the saved initial head when this fit's options ask for another shape (e.g. a data stage run
@@ -169,7 +199,8 @@ class GlanceTrainer(Trainer):
             raise InvalidInputError("GlanceTrainer.collate before check_config: validate the TrainConfig first")
         first = records[0]
         n_axes = first["positions"].reshape(len(first["tokens"]), -1).shape[1] if "positions" in first else 1
-        return collate_blocks(records, self._block, self._opts["num_anchors"], self._gen, n_axes)
+        batch = collate_blocks(records, self._block, self._opts["num_anchors"], self._gen, n_axes, rope=self._rope)
+        return batch if self._hidden_ids is None else text_context(batch, self._hidden_ids)
 
     def loss_setup(self, drafter, cfg) -> tuple:
         """Check the drafter against ``cfg`` and fix the collate settings; returns ``(options, loss decay)``."""
@@ -179,7 +210,15 @@ class GlanceTrainer(Trainer):
                                     f"{cfg.num_draft_tokens} asks for {cfg.num_draft_tokens + 1}")
         decay = opts["loss_decay"]
         decay = drafter.block_size / 2 if decay is None else (float(decay) or None)
-        self._opts, self._block = opts, drafter.block_size
+        # the head's own layout, not the options': an --init-drafter head keeps the rope it was saved with
+        self._opts, self._block, self._rope = opts, drafter.block_size, drafter.rope
+        self._hidden_ids = None
+        if getattr(drafter, "context", "all") == "text":  # the image ids are the target's, as at run time
+            from transformers import AutoConfig
+
+            from .head import image_token_ids
+
+            self._hidden_ids = image_token_ids(AutoConfig.from_pretrained(cfg.target))
         return opts, decay
 
     def loss_module(self, drafter, cfg):

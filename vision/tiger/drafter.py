@@ -60,6 +60,8 @@ class TigerDrafter(GlanceDrafter):
 
     def __init__(self, *args, visual_top_k=64, router_dim: int = 64, **kw):
         super().__init__(*args, **kw)
+        if self.context != "all":  # its router picks among the image positions, and its cache slots index them
+            raise ValueError("a tiger head routes over the image positions: context must be 'all'")
         self.visual_top_k = parse_top_k(visual_top_k)
         self.router_dim = int(router_dim)
         # "all" trains and runs without a router (no parameters): the ablation is GLANCE, not a router left idle.

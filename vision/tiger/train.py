@@ -249,6 +249,8 @@ class TigerTrainer(GlanceTrainer):
             parse_top_k(opts["visual_top_k"])
         except ValueError as e:
             raise InvalidInputError(f"tiger option {e}") from e
+        if opts["context"] != "all":  # the router picks among image positions: they must be in the context
+            raise InvalidInputError("tiger routes over the image positions: context must be \"all\"")
         if opts["refine"]:  # its distillation and policy losses score one pass
             raise InvalidInputError("tiger does not train GLANCE's refinement pass (refine must be 0)")
         if opts["stage"] not in STAGES:
@@ -275,7 +277,7 @@ class TigerTrainer(GlanceTrainer):
         return TigerDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
                                         block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"],
                                         anchor_feature=opts["anchor_feature"], visual_top_k=opts["visual_top_k"],
-                                        router_dim=opts["router_dim"])
+                                        router_dim=opts["router_dim"], rope=opts["rope"])
 
     def record(self, cfg, model, inputs, layer_ids):
         return tiger_record(model, inputs, layer_ids, cfg.max_new_tokens, self.options(cfg)["teacher_top_k"])
