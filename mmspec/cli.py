@@ -271,7 +271,7 @@ def _bench(args) -> int:
     check_outputs(args.json, args.png)
     cfg = BenchConfig(model=args.model, workloads=parse_csv(args.workload), systems=parse_csv(args.systems),
                       draft_model=args.draft_model, n=args.n, max_new_tokens=args.max_new_tokens,
-                      batch_sizes=parse_csv(args.batch_sizes, int, "batch size") if args.batch_sizes else
+                      batch_sizes=parse_csv(args.batch_sizes, int, "batch size") if args.batch_sizes is not None else
                       [QUALITY_FULL_BATCH] if args.quality == "full" else [1, 4], split=args.split, seed=args.seed,
                       quick=args.quick, device=args.device, threads=args.threads, dtype=args.dtype,
                       inputs=args.inputs, sampling=parse_sampling(args.sample), resume=args.resume,
