@@ -196,6 +196,7 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
     real = [ex.meta["image"] for ex in examples]
     real_acc = quality.prompt_accuracy(clf, real, prompts)["all"] if clf is not None else None
     records = []
+    full = getattr(cfg, "quality", "quick") == "full"  # --quality full: the noise floor even for AR alone
     for bs in cfg.batch_sizes:
         chunks = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
         runs = {s["name"]: {"stages": {"generate": [], "decode": [], "total": []}, "images": [], "tokens": 0,
@@ -234,7 +235,6 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
                                                "systems": entry})["systems"].items():
                     _absorb(runs[name], part)
         bar.close()
-        full = getattr(cfg, "quality", "quick") == "full"
         noise = _noise_floor(pipe, systems, chunks, cfg.seed, ckpt, bs, progress) if len(systems) > 1 or full else {}
         figures = {}  # per system: the quality figures the noise floor compares
         for s in systems:
