@@ -428,33 +428,51 @@ def test_commit_with_kernels_equals_reference():
 
 
 # ---------------------------------------------------------------------------------------------- CUDA build
-def _compile_for_cuda(fn, types: list, constexprs: dict) -> None:
-    import inspect
+_COMPILE_FOR_CUDA = """
+import inspect
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
+from mmspec.kernels import _acceptance_kernel as acc, _attention_kernel as att, _compaction_kernel as comp
+
+
+def build(fn, types, constexprs):
     sig = dict(zip(inspect.signature(fn).parameters, types + ["constexpr"] * len(constexprs)))
     compiled = triton.compile(ASTSource(triton.jit(fn), sig, constexprs), target=GPUTarget("cuda", 90, 32))
-    assert "cubin" in compiled.asm
+    assert "cubin" in compiled.asm, fn.__name__
+
+
+build(acc._greedy, ["*i64"] * 4 + ["*i8"] + ["*i64"] * 3 + ["i32"] * 6, {"BLOCK": 64})
+sampling = ["*i64"] * 3 + ["*fp32"] * 4 + ["*i8", "*fp32"] + ["*i64"] * 3 + ["i32"] * 11
+for has_q in (False, True):
+    build(acc._sampling, sampling, {"HAS_Q": has_q, "BLOCK_V": 1024})
+build(comp._gather, ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 14, {"BLOCK_T": 32, "BLOCK_D": 128})
+for dt, d, precision in (("bf16", 128, "tf32"), ("fp32", 64, "ieee")):  # fp16 builds as bf16 does
+    types = [f"*{dt}"] * 4 + ["*i8", "*i32"] + ["i32"] * 21 + ["fp32"]
+    build(att._tree_attention, types, {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 64 if d == 64 else 32,
+                                       "PRECISION": precision})
+print("built")
+"""
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_cuda_without_a_gpu():
     """The interpreter forgives what the compiler refuses (types of loop-carried values, say): build each
-    kernel for an sm_90 GPU with Triton's bundled ptxas, as a GPU run would."""
-    from mmspec.kernels import _acceptance_kernel as acc, _attention_kernel as att, _compaction_kernel as comp
+    kernel for an sm_90 GPU with Triton's bundled ptxas, as a GPU run would.
 
-    _compile_for_cuda(acc._greedy, ["*i64"] * 4 + ["*i8"] + ["*i64"] * 3 + ["i32"] * 6, {"BLOCK": 64})
-    sampling = ["*i64"] * 3 + ["*fp32"] * 4 + ["*i8", "*fp32"] + ["*i64"] * 3 + ["i32"] * 11
-    for has_q in (False, True):
-        _compile_for_cuda(acc._sampling, sampling, {"HAS_Q": has_q, "BLOCK_V": 1024})
-    _compile_for_cuda(comp._gather, ["*bf16"] * 4 + ["*i64"] * 2 + ["i32"] * 14, {"BLOCK_T": 32, "BLOCK_D": 128})
-    for dt, d, precision in (("bf16", 128, "tf32"), ("fp32", 64, "ieee")):  # fp16 builds as bf16 does
-        types = [f"*{dt}"] * 4 + ["*i8", "*i32"] + ["i32"] * 21 + ["fp32"]
-        _compile_for_cuda(att._tree_attention, types, {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 64 if d == 64 else 32,
-                                                       "PRECISION": precision})
+    In a fresh process without ``TRITON_INTERPRET``: Triton fixes interpreted vs compiled mode for its own
+    library functions when it is first imported, and the README runs these tests with the variable set (so
+    in this process ``triton.jit`` and ``tl.max`` are interpreter objects, which cannot be compiled)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_CUDA], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "built" in done.stdout, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("with_q", [False, True])
