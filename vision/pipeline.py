@@ -75,6 +75,13 @@ class VLMPipeline(MMSpecPipeline):
                 f"{config.model_type!r} has no image-text-to-text or causal-LM class in transformers; "
                 f"supported model types: {', '.join(VLM_MODEL_TYPES)}"
             )
+        from .reader import reader_checkpoint
+        from .reader.processor import PageReaderProcessor
+
+        # a shipped reader folder holds the eyes and the LM's adapter; the LM itself is assembled from its GGUF
+        target = reader_checkpoint(target)
+        if PageReaderProcessor.is_reader_folder(target):
+            loader = PageReaderProcessor
         try:
             processor = loader.from_pretrained(target, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:

