@@ -290,7 +290,9 @@ class Trainer:
     def build_drafter(self, cfg: TrainConfig, model, tokenizer):
         raise NotImplementedError  # abstract
 
-    def record(self, cfg: TrainConfig, model, inputs, layer_ids) -> dict:
+    def record(self, cfg: TrainConfig, model, inputs, layer_ids, reference=None) -> dict:
+        """One training record for one request (``inputs``); ``reference``: the item's reference answer as token
+        ids, which the rollout may use as a lossless shortcut (see :func:`~mmspec.drafters.eagle.target_record`)."""
         raise NotImplementedError  # abstract
 
     def collate(self, records: list[dict]) -> dict:
@@ -340,10 +342,10 @@ class EagleTrainer(Trainer):
         return EagleDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
                                         num_draft_tokens=cfg.num_draft_tokens)
 
-    def record(self, cfg, model, inputs, layer_ids):
+    def record(self, cfg, model, inputs, layer_ids, reference=None):
         from .drafters.eagle import target_record
 
-        return target_record(model, inputs, layer_ids, cfg.max_new_tokens)
+        return target_record(model, inputs, layer_ids, cfg.max_new_tokens, reference=reference)
 
     def collate(self, records):
         from .drafters.eagle import collate_eagle
@@ -593,7 +595,7 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
         for w, idx in items[i * cfg.shard_size: (i + 1) * cfg.shard_size]:
             ex = workloads[w].example(cfg.split, idx)
             inputs = pipe.prepare(images=ex.images or None, prompt=ex.prompt)
-            records.append(trainer.record(cfg, model, dict(inputs), layer_ids))
+            records.append(trainer.record(cfg, model, dict(inputs), layer_ids, reference=_reference_ids(pipe, ex)))
             bar.update(1)
         write_shard(os.path.join(data_dir, _shard_name(i)), records,
                     {"settings": settings, "items": [f"{w}/{cfg.split}/{j}" for w, j in
@@ -609,6 +611,16 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
                                   "fingerprint": drafter.fingerprint, "complete": True})
     acc.wait_for_everyone()
     return data_dir
+
+
+def _reference_ids(pipe, ex) -> list | None:
+    """An item's reference answer as the target's tokens, end of turn included (``None`` without one)."""
+    if not ex.target:
+        return None
+    ids = pipe.tokenizer(ex.target, add_special_tokens=False)["input_ids"]
+    eos = pipe.model.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    return list(ids) + ([int(eos)] if eos is not None else [])
 
 
 # ---------------------------------------------------------------------------- stage 2

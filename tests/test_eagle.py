@@ -408,3 +408,18 @@ def test_min_confidence_on_qwen2_vl_batch():
     out = mmspec.generate(model, inputs, drafter=drafter, max_new_tokens=NEW)
     assert torch.equal(out.sequences, ref)
     assert min(len(t) for t in seen) < drafter.num_draft_tokens
+
+
+def test_target_record_with_a_reference_is_the_targets_own_rollout(perm):
+    """The reference shortcut regenerates losslessly: the same record as plain ``generate`` (a reference that is
+    half right and half wrong, so both accepted and rejected drafts occur), with fewer target passes."""
+    from mmspec.drafters.eagle import target_record
+
+    target, rand, _, _ = perm
+    prompt = _prompts(1, seed=11)[0]
+    plain = target_record(target, prompt, rand.layer_ids, max_new_tokens=20)
+    answer = plain["tokens"][len(prompt):].tolist()
+    reference = answer[:10] + [(t + 1) % 200 for t in answer[10:]]
+    fast = target_record(target, prompt, rand.layer_ids, max_new_tokens=20, reference=reference)
+    assert torch.equal(fast["tokens"], plain["tokens"]) and torch.equal(fast["labels"], plain["labels"])
+    torch.testing.assert_close(fast["features"], plain["features"])

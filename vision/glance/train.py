@@ -46,7 +46,8 @@ OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_
 
 
 @torch.no_grad()
-def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=torch.bfloat16, keep_top: int = 0) -> dict:
+def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=torch.bfloat16, keep_top: int = 0,
+                  reference=None) -> dict:
     """One record: :func:`~mmspec.drafters.eagle.target_record` plus ``positions[n, A]`` (the target's own
     positions of prompt + response: one axis for 1-D RoPE, three for M-RoPE), features stored in
     ``feature_dtype`` (bfloat16 by default: half the disk of float32, and a page's record is mostly its ~300
@@ -55,7 +56,7 @@ def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=t
     from mmspec.drafters.block import context_positions, rope_settings
     from mmspec.drafters.eagle import _extend_inputs, _text_model_inputs, target_record
 
-    rec = target_record(model, inputs, layer_ids, max_new_tokens, keep_top=keep_top)
+    rec = target_record(model, inputs, layer_ids, max_new_tokens, keep_top=keep_top, reference=reference)
     full = rec["tokens"]
     if torch.is_tensor(inputs):
         ext = _text_model_inputs(model, full)
@@ -189,8 +190,8 @@ class GlanceTrainer(Trainer):
             fresh.head.lm_head.weight.copy_(drafter.head.lm_head.weight)
         return fresh.eval()
 
-    def record(self, cfg, model, inputs, layer_ids):
-        return glance_record(model, inputs, layer_ids, cfg.max_new_tokens)
+    def record(self, cfg, model, inputs, layer_ids, reference=None):
+        return glance_record(model, inputs, layer_ids, cfg.max_new_tokens, reference=reference)
 
     def collate(self, records):
         from mmspec.drafters.block import collate_blocks

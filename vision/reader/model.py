@@ -125,8 +125,9 @@ def assemble_reader(asset_dir: str, out_root: str | None = None, print_fn=None, 
         elif k == "lm_head.weight":
             continue  # tied to the embeddings
     if manifest.get("lora"):
-        state = merge_lora_state(state, load_file(os.path.join(asset_dir, manifest["lora"])),
-                                 prefix="model.text_model.")
+        # the adapter was trained on the causal LM (``model.layers.*``); here its layers are ``model.text_model.*``
+        lora = {k.removeprefix("model."): v for k, v in load_file(os.path.join(asset_dir, manifest["lora"])).items()}
+        state = merge_lora_state(state, lora, prefix="model.text_model.")
     state.update(load_file(os.path.join(asset_dir, manifest["vision_weights"])))
     target = getattr(torch, dtype)
     state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}

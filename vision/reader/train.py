@@ -19,6 +19,8 @@ Pages come from a seeded generator (page index -> page), so a resumed run sees t
 Example:
     $ python -m mmspec.vision.reader.train vision --out runs/reader-vision --steps 6000
     $ python -m mmspec.vision.reader.train adapter --out runs/reader-lora --steps 600
+    $ python -m mmspec.vision.reader.train export --vision runs/reader-vision --adapter runs/reader-lora \\
+          --out vision/assets/reader
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-__all__ = ["VisionConfig", "AdapterConfig", "train_vision", "train_adapter", "page_stream", "labelled_page",
+__all__ = ["VisionConfig", "AdapterConfig", "train_vision", "train_adapter", "export_reader", "page_stream", "labelled_page",
            "target_table", "evaluate_frontend"]
 
 
@@ -350,9 +352,7 @@ class AdapterConfig:
     max_page_tokens: int = 420
 
 
-PAGE_PROMPTS = ("Transcribe this page to Markdown.", "Convert the document in the image to Markdown.",
-                "Write out the text of this page in Markdown.", "Read this page and return its content as Markdown.")
-CHART_PROMPTS = ("Convert this chart to a Markdown table.", "Read the chart and write its data as a table.")
+from .workloads import CHART_PROMPTS, PAGE_PROMPTS  # noqa: E402  (the prompts the reader is asked)
 
 
 def adapter_example(ts, proc, tok, index: int, seed: int = 0, split: str = "train"):
@@ -474,11 +474,72 @@ def train_adapter(cfg: AdapterConfig) -> str:
     return cfg.out
 
 
+def export_reader(vision_dir: str, adapter_dir: str | None, out: str, dtype=torch.bfloat16) -> str:
+    """Write a shipped reader folder from a stage-1 run and (optionally) a stage-2 run: ``config.json`` (the
+    ``Idefics3Config``), ``reader.json`` (manifest: vision shape, weight files, the LM's package and digest, the
+    runs' settings and last evals), ``vision.safetensors``, ``lora.safetensors`` and ``tokenizer/``; returns
+    ``out``. The LM's own weights are never written here (:func:`~.model.assemble_reader` joins them).
+
+    Example:
+        >>> export_reader("runs/reader-vision", "runs/reader-lora", "vision/assets/reader")   # doctest: +SKIP
+    """
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .lm import GGUF_NAME, GGUF_SHA256, LM_PACKAGE, smollm2_path
+    from .model import READER_MANIFEST, reader_config
+
+    with open(os.path.join(vision_dir, "config.json")) as f:
+        vcfg = json.load(f)
+    vision = {"hidden": vcfg["hidden"], "layers": vcfg["layers"], "heads": vcfg["heads"]}
+    os.makedirs(out, exist_ok=True)
+
+    def cast(d):
+        return {k: v.to(dtype).contiguous() if v.is_floating_point() and v.ndim else v.contiguous() for k, v in d.items()}
+
+    save_file(cast(load_file(os.path.join(vision_dir, "vision.safetensors"))), os.path.join(out, "vision.safetensors"))
+    manifest = {"vision": vision, "vision_weights": "vision.safetensors", "lora": None,
+                "lm": {"package": LM_PACKAGE, "gguf": GGUF_NAME, "sha256": GGUF_SHA256},
+                "training": {"vision": _summary(vision_dir)}}
+    if adapter_dir:
+        save_file(cast(load_file(os.path.join(adapter_dir, "lora.safetensors"))), os.path.join(out, "lora.safetensors"))
+        manifest["lora"] = "lora.safetensors"
+        manifest["training"]["adapter"] = _summary(adapter_dir)
+    lm_dir = smollm2_path()
+    cfg = reader_config(AutoConfig.from_pretrained(lm_dir).to_dict(), **vision)
+    cfg.dtype = "bfloat16"
+    cfg.save_pretrained(out)
+    AutoTokenizer.from_pretrained(lm_dir).save_pretrained(os.path.join(out, "tokenizer"))
+    with open(os.path.join(out, READER_MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=2)
+    return out
+
+
+def _summary(run: str) -> dict:
+    """A run's settings, its last step and its last eval (for the shipped manifest)."""
+    with open(os.path.join(run, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.pop("out", None)
+    last, last_eval = None, None
+    path = os.path.join(run, "log.jsonl")
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if "eval" in rec:
+                    last_eval = rec
+                else:
+                    last = rec
+    return {"config": cfg, "last": last, "last_eval": last_eval}
+
+
 def main(argv=None) -> int:
     """``python -m mmspec.vision.reader.train vision|adapter --out DIR [--steps N ...]``."""
     p = argparse.ArgumentParser(prog="python -m mmspec.vision.reader.train")
-    p.add_argument("stage", choices=["vision", "adapter"])
-    p.add_argument("--out", required=True)
+    p.add_argument("stage", choices=["vision", "adapter", "export"])
+    p.add_argument("--out", required=True, help="the run's folder (export: the reader folder to write)")
+    p.add_argument("--vision", help="export: the stage-1 run")
+    p.add_argument("--adapter", help="export: the stage-2 run")
     p.add_argument("--steps", type=int)
     p.add_argument("--threads", type=int)
     p.add_argument("--frontend", help="adapter stage: a stage-1 folder whose outputs replace the noised targets")
@@ -486,7 +547,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int)
     p.add_argument("--lr", type=float)
     args = p.parse_args(argv)
-    kw = {k: v for k, v in vars(args).items() if v is not None and k != "stage"}
+    if args.stage == "export":
+        if not args.vision:
+            p.error("export needs --vision RUN")
+        print(export_reader(args.vision, args.adapter, args.out))
+        return 0
+    kw = {k: v for k, v in vars(args).items() if v is not None and k not in ("stage", "vision", "adapter")}
     if args.stage == "vision":
         kw.pop("frontend", None)
         kw.pop("batch", None)

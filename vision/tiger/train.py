@@ -58,7 +58,7 @@ STAGES = ("distill", "policy")
 
 @torch.no_grad()
 def tiger_record(model, inputs, layer_ids, max_new_tokens: int, teacher_top_k: int = 32,
-                 feature_dtype=torch.bfloat16) -> dict:
+                 feature_dtype=torch.bfloat16, reference=None) -> dict:
     """GLANCE's record plus ``routable[n]`` (image / video positions) and the target's top-``teacher_top_k``
     next-token log-probabilities ``top_ids`` / ``top_logp[n, K]``.
 
@@ -69,7 +69,8 @@ def tiger_record(model, inputs, layer_ids, max_new_tokens: int, teacher_top_k: i
     """
     from ..glance.head import image_token_mask
 
-    rec = glance_record(model, inputs, layer_ids, max_new_tokens, feature_dtype, keep_top=teacher_top_k)
+    rec = glance_record(model, inputs, layer_ids, max_new_tokens, feature_dtype, keep_top=teacher_top_k,
+                        reference=reference)
     n = len(rec["tokens"])
     routable = torch.zeros(n, dtype=torch.bool)
     if not torch.is_tensor(inputs):
@@ -279,8 +280,9 @@ class TigerTrainer(GlanceTrainer):
                                         anchor_feature=opts["anchor_feature"], visual_top_k=opts["visual_top_k"],
                                         router_dim=opts["router_dim"], rope=opts["rope"])
 
-    def record(self, cfg, model, inputs, layer_ids):
-        return tiger_record(model, inputs, layer_ids, cfg.max_new_tokens, self.options(cfg)["teacher_top_k"])
+    def record(self, cfg, model, inputs, layer_ids, reference=None):
+        return tiger_record(model, inputs, layer_ids, cfg.max_new_tokens, self.options(cfg)["teacher_top_k"],
+                            reference=reference)
 
     def loss_module(self, drafter, cfg):
         opts, decay = self.loss_setup(drafter, cfg)
