@@ -235,3 +235,28 @@ def test_speculative_decoding_equals_generate_on_the_reader_architecture(tiny_re
     got = mmspec.generate(model, inputs, drafter=d, max_new_tokens=24, do_sample=False)
     assert torch.equal(got.sequences, want)
     assert got.stats.mean_accepted_length > 1.0  # drafts were accepted: the check is not vacuous
+
+
+def test_page_lookup_is_lossless_and_reads_the_tiles(tiny_reader):
+    """The page-lookup drafter (prompt lookup over the page as the front end reads it) keeps the output the
+    target's own, and its page text replaces every image token by what the front end reads there."""
+    import mmspec
+    from mmspec.registry import make_drafter
+    from mmspec.vision.reader.drafter import PageLookupDrafter
+
+    model, proc = tiny_reader
+    tok = proc.tokenizer
+    space = tok(" ", add_special_tokens=False)["input_ids"][0]
+    digits = [tok(str(d), add_special_tokens=False)["input_ids"][0] for d in range(10)]
+    text = "<|im_start|>user\n<image>\nRead.<|im_end|>\n<|im_start|>assistant\n"
+    pages = [_text_page(["one two three", "four five"]), _text_page(["six"])]
+    inputs = proc(images=pages, text=[text, text])
+    d = PageLookupDrafter(model, space_id=space, digit_ids=digits)
+    want = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    got = mmspec.generate(model, inputs, drafter=d, max_new_tokens=16, do_sample=False)
+    assert torch.equal(got.sequences, want)
+    row = inputs["input_ids"][0][inputs["attention_mask"][0].bool()].numpy()
+    page = d._page_text(row, inputs["pixel_values"][0])
+    assert proc.image_token_id not in page.tolist() and len(page) >= len(row)
+    with pytest.raises(InvalidInputError, match="reader"):
+        make_drafter("page-lookup", torch.nn.Linear(2, 2))

@@ -27,5 +27,6 @@ register_workload(ChartsWorkload)
 from . import glance  # noqa: E402  (registers the glance drafter and trainer; it imports the core only)
 from . import tiger  # noqa: E402  (registers the tiger drafter and trainer)
 from . import documents  # noqa: E402  (registers the parse-docs command)
+from . import reader  # noqa: E402  (registers the page-lookup drafter)
 
 __all__ = ["load_image", "load_images", "VLMPipeline", "VLM_MODEL_TYPES", "DocsWorkload", "ChartsWorkload"]

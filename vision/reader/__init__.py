@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["bundled_reader", "reader_checkpoint", "is_reader_assets"]
+from mmspec.registry import register_drafter
+
+from .drafter import PageLookupDrafter, page_lookup_factory
+
+__all__ = ["bundled_reader", "reader_checkpoint", "is_reader_assets", "PageLookupDrafter"]
+
+register_drafter("page-lookup", page_lookup_factory)
 
 
 def bundled_reader() -> str:
