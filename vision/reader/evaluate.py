@@ -10,6 +10,8 @@ What it measures (each item decoded once, the text compared with the item's Mark
 * ``tau``: the mean accepted length of a drafter that knows the reference (it proposes the next 8 reference
   tokens after the longest match of the committed text), on the docs pages: how far the reader follows its page
   before it leaves it. Decoding is lossless, so these runs also give the docs CER;
+* ``natural_spacing``: docs CER on the same kind of pages set with natural spacing (no gaps inside words): the
+  alternative to token-spaced typesetting, measured;
 * ``frontend``: the front end's nearest-embedding accuracy per tile, overall and by block type and by position
   in the line (where the errors are, when a bar is missed).
 
@@ -161,6 +163,9 @@ def reader_report(model: str | None = None, *, n: int = 40, n_charts: int | None
     texts, _ = _decode(pipe, docs[:m], images=others, batch=batch, drafter="lookup", progress=say("shuffled"))
     report["shuffled"] = cer(texts, [ex.target for ex in docs[:m]])
     report["frontend"] = frontend_errors(pipe, docs[: min(n, 16)], pipe.tokenizer)
+    natural = ReaderDocsWorkload(spacing="natural").examples("test", m, start=start)
+    texts, _ = _decode(pipe, natural, batch=batch, drafter="lookup", progress=say("natural spacing"))
+    report["natural_spacing"] = cer(texts, [ex.target for ex in natural])
     report["seconds"] = round(time.time() - t0, 1)
     return report
 

@@ -117,7 +117,12 @@ class Typesetter:
         >>> lines = ts.wrap_paragraph("The quick brown fox.", Style(), 120)          # doctest: +SKIP
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, spacing: str = "token"):
+        if spacing not in ("token", "natural"):
+            raise ValueError(f"spacing must be 'token' or 'natural', got {spacing!r}")
+        # "natural": no gap inside words and a plain space between them (the alternative the reader is measured
+        # on, to show what the token gaps buy); the space is set per font in line_width / draw_line
+        self.spacing = spacing
         self.tok = tokenizer
         self.newline_id = tokenizer("\n", add_special_tokens=False)["input_ids"][0]
         self.space_id = tokenizer(" ", add_special_tokens=False)["input_ids"][0]
@@ -153,11 +158,17 @@ class Typesetter:
             i += 1
         return out
 
+    def gap(self, lead: bool, font, em: float) -> float:
+        """The space before a box: a word gap if the token starts with a space, else a token gap (pixels)."""
+        if self.spacing == "natural":
+            return font.getlength(" ") if lead else 0.0
+        return (WORD_GAP_EM if lead else TOKEN_GAP_EM) * em
+
     def line_width(self, boxes, font, em: float) -> float:
         w = 0.0
         for j, (glyphs, lead, _, _) in enumerate(boxes):
             if j:
-                w += (WORD_GAP_EM if lead else TOKEN_GAP_EM) * em
+                w += self.gap(lead, font, em)
             w += font.getlength(glyphs)
         return w
 
@@ -206,7 +217,7 @@ class Typesetter:
                     raise ValueError(f"box {j} of {text!r} does not start a word")
                 cx = float(jumps[j])
             elif j:
-                cx += (WORD_GAP_EM if lead else TOKEN_GAP_EM) * em
+                cx += self.gap(lead, font, em)
             xi = round(cx)
             draw.text((xi, y), glyphs, font=font, fill=ink)
             l, t, r, b = draw.textbbox((xi, y), glyphs, font=font)

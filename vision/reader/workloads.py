@@ -51,21 +51,23 @@ def reader_tokenizer(path: str | None = None):
     return AutoTokenizer.from_pretrained(path or os.path.join(bundled_reader(), "tokenizer"))
 
 
-@functools.lru_cache(maxsize=2)
-def _typesetter(path: str | None = None):
+@functools.lru_cache(maxsize=4)
+def _typesetter(spacing: str = "token"):
     from .typeset import Typesetter
 
-    return Typesetter(reader_tokenizer(path))
+    return Typesetter(reader_tokenizer(), spacing=spacing)
 
 
 class _ReaderWorkload(SeededWorkload):
     kind = "doc"
     prompts = PAGE_PROMPTS
 
-    def __init__(self, *, words: str = "normal", clean: bool = False, seed: int = 0):
+    def __init__(self, *, words: str = "normal", clean: bool = False, spacing: str = "token", seed: int = 0):
         if words not in ("normal", "heldout"):
             raise InvalidInputError(f"words must be 'normal' or 'heldout', got {words!r}")
-        self.words, self.clean, self.seed = words, bool(clean), int(seed)
+        if spacing not in ("token", "natural"):
+            raise InvalidInputError(f"spacing must be 'token' or 'natural', got {spacing!r}")
+        self.words, self.clean, self.spacing, self.seed = words, bool(clean), spacing, int(seed)
 
     def bundled_model(self):
         from . import bundled_reader, is_reader_assets
@@ -82,7 +84,7 @@ class _ReaderWorkload(SeededWorkload):
     def _page(self, rng: random.Random, nrng: np.random.Generator, split: str, draw: bool):
         from .pages import chart_spec, page_spec, render_chart, render_page
 
-        ts = _typesetter()
+        ts = _typesetter(self.spacing)
         for _ in range(20):
             if self.kind == "chart":
                 spec = chart_spec(rng, split, words=self.words)
@@ -109,6 +111,8 @@ class ReaderDocsWorkload(_ReaderWorkload):
     Args:
         words: ``"normal"`` or ``"heldout"`` (names, places and numbers never seen in training).
         clean: no paper tint, blur or noise.
+        spacing: ``"token"`` (the reader's pages) or ``"natural"`` (no gaps inside words, plain spaces between
+            them: the alternative the reader is measured on).
         seed: another world.
 
     Example:
