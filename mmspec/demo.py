@@ -299,7 +299,10 @@ def run_demo(out_dir=None, max_new_tokens: int | None = None, prompt: str | None
     try:
         from .workloads import get_workload
 
-        docs = None if (out_dir is not None or random_model) else get_workload("docs")
+        docs = None
+        if out_dir is None and not random_model:
+            # the reader's pages when the reader ships, else the 12M testbed target's own
+            docs = next((w for w in (get_workload("docs"), get_workload("testbed-docs")) if w.bundled_model()), None)
         if docs is not None and docs.bundled_model():
             return _run_trained_demo(docs, max_new_tokens or 256, prompt, print_fn, dtype)
         return _run_demo(out_dir, max_new_tokens or 48, prompt or "Describe the image. How many shapes are there?",

@@ -212,6 +212,8 @@ class SeededWorkload(Workload):
 
     name = "seeded"
     seed = 0
+    seed_key: str | None = None
+    """The name items are seeded by (default: :attr:`name`); a renamed world keeps its items by keeping it."""
 
     def example(self, split: str, index: int) -> Example:
         return self._make(split, index, True)
@@ -222,7 +224,7 @@ class SeededWorkload(Workload):
 
     def _make(self, split, index, draw: bool) -> Example:
         index = check_item(split, index)
-        rng, nrng = rngs_for(self.name, split, index, self.seed)
+        rng, nrng = rngs_for(self.seed_key or self.name, split, index, self.seed)
         ex = self.generate(rng, nrng, split, index, draw=draw)
         ex.id = f"{self.name}/{split}/{index}"
         ex.meta.setdefault("split", split)
@@ -266,6 +268,10 @@ def get_workload(name: str, **kwargs) -> Workload:
     return _WORKLOADS[name](**kwargs)
 
 
+ASSEMBLED_FROM = "mmspec_assembled_from"
+"""Config key of a checkpoint built from a shipped folder: that folder (its bundled drafters are the checkpoint's)."""
+
+
 def bundled_drafter_path(kind: str, target_model) -> str | None:
     """The folder of the trained ``kind`` drafter that ships for ``target_model`` (``None``: none does).
 
@@ -297,11 +303,15 @@ def bundled_drafter_specs(target_model) -> list[str]:
     loaded_from = getattr(target_model, "name_or_path", None) if target_model is not None else None
     if not loaded_from or not os.path.isdir(loaded_from):
         return []
-    here = os.path.realpath(loaded_from)
+    # a checkpoint assembled from a bundled folder (the reader: its LM joined from a GGUF) stands for that folder
+    sources = {os.path.realpath(loaded_from)}
+    assembled = getattr(getattr(target_model, "config", None), ASSEMBLED_FROM, None)
+    if isinstance(assembled, str) and assembled:
+        sources.add(os.path.realpath(assembled))
     specs = []
     for name in workload_names():
         wl = _WORKLOADS[name]()
         model = wl.bundled_model()
-        if model and os.path.realpath(model) == here:
+        if model and os.path.realpath(model) in sources:
             specs += [s for s in wl.bundled_drafters() if s not in specs]
     return specs

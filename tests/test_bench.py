@@ -222,7 +222,7 @@ def test_default_model_is_the_bundled_target_when_one_ships():
     from mmspec.bench import default_model_path
     from mmspec.vision.testbed import bundled_target
 
-    docs = mmspec.workloads.get_workload("docs")
+    docs = mmspec.workloads.get_workload("testbed-docs")
     assert docs.bundled_model() == bundled_target()
     if bundled_target() is None:
         pytest.skip("no trained testbed target in this checkout")
@@ -242,7 +242,7 @@ def test_default_quick_bench_on_the_bundled_target(tmp_path, capsys):
     if bundled_target() is None:
         pytest.skip("no trained testbed target in this checkout")
     out = tmp_path / "quick.json"
-    assert main(["bench", "--quick", "--workload", "docs", "--batch-sizes", "1", "--n", "2", "--json", str(out),
+    assert main(["bench", "--quick", "--workload", "testbed-docs", "--batch-sizes", "1", "--n", "2", "--json", str(out),
                  "--no-progress"]) == 0
     data = json.loads(out.read_text())
     systems = {r["system"]: r for r in data["results"]}

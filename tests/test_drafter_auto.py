@@ -201,7 +201,7 @@ def test_fit_writes_the_validation_block_auto_ranks_by(tiny_vlm, tmp_path, targe
     from mmspec.train import TrainConfig, collect_data, fit
 
     def cfg(out, **kw):
-        return TrainConfig(kind="eagle", target=tiny_vlm, out=str(out), workloads=("docs",), n_train=4,
+        return TrainConfig(kind="eagle", target=tiny_vlm, out=str(out), workloads=("testbed-docs",), n_train=4,
                            max_new_tokens=6, steps=2, batch_size=2, shard_size=2, save_every=0, progress=False, **kw)
 
     collect_data(cfg(tmp_path / "runs" / "held"))

@@ -237,7 +237,7 @@ def test_cli_train_fastmtp_end_to_end_and_bench_docs(tmp_path):
     from mmspec.workloads import get_workload
 
     out = tmp_path / "fastmtp"
-    rc = main(["train", "--kind", "fastmtp", "--target", tiny_vlm_path(), "--workload", "docs,charts", "--n-train", "4",
+    rc = main(["train", "--kind", "fastmtp", "--target", tiny_vlm_path(), "--workload", "testbed-docs,testbed-charts", "--n-train", "4",
                "--max-new-tokens", "6", "--steps", "3", "--batch-size", "2", "--shard-size", "2", "--save-every", "2",
                "--val-shards", "1", "--out", str(out), "--no-progress", "--threads", "1"])
     assert rc == 0
@@ -249,17 +249,18 @@ def test_cli_train_fastmtp_end_to_end_and_bench_docs(tmp_path):
     index = json.loads((out / "data" / "index.json").read_text())
     assert index["kind"] == "fastmtp" and index["layer_ids"] == [2]
     # resumable: a finished run resumed does nothing more
-    assert main(["train", "--kind", "fastmtp", "--stage", "fit", "--target", tiny_vlm_path(), "--n-train", "4",
+    assert main(["train", "--kind", "fastmtp", "--stage", "fit", "--target", tiny_vlm_path(),
+                 "--workload", "testbed-docs,testbed-charts", "--n-train", "4",
                  "--shard-size", "2", "--steps", "3", "--batch-size", "2", "--out", str(out), "--resume",
                  "--no-progress"]) == 0
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 3
     pipe = MMSpecPipeline.from_pretrained(tiny_vlm_path())
     drafter = make_drafter(f"fastmtp:{out}", pipe.model)
-    ex = get_workload("docs").example("test", 0)
+    ex = get_workload("testbed-docs").example("test", 0)
     inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
     ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert torch.equal(mmspec.generate(pipe.model, inputs, drafter=drafter, max_new_tokens=12).sequences, ref)
-    report = run_bench(BenchConfig(model=tiny_vlm_path(), workloads=["docs"], systems=[f"fastmtp:{out}"], n=2,
+    report = run_bench(BenchConfig(model=tiny_vlm_path(), workloads=["testbed-docs"], systems=[f"fastmtp:{out}"], n=2,
                                    max_new_tokens=8, batch_sizes=[1, 2]), progress=False)
     recs = {(r["system"], r["batch_size"]): r for r in report.results}
     for bs in (1, 2):

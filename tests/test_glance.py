@@ -491,7 +491,7 @@ def test_mmspec_train_glance_end_to_end(tmp_path):
     from mmspec.workloads import get_workload
 
     # three kept layers (one twice: the tiny VLM has two), so the EAGLE head below can train on the same data
-    base = dict(kind="glance", target=tiny_vlm_path(), out=str(tmp_path), workloads=("docs", "charts"), n_train=4,
+    base = dict(kind="glance", target=tiny_vlm_path(), out=str(tmp_path), workloads=("testbed-docs", "testbed-charts"), n_train=4,
                 layer_ids=(1, 2, 2), max_new_tokens=8, steps=3, batch_size=2, shard_size=2, save_every=2, num_draft_tokens=3,
                 val_shards=1, progress=False, options={"num_anchors": 4, "num_layers": 1})
     with pytest.raises(InvalidInputError, match="unknown glance training options"):
@@ -508,7 +508,7 @@ def test_mmspec_train_glance_end_to_end(tmp_path):
     pipe = MMSpecPipeline.from_pretrained(tiny_vlm_path())
     drafter = make_drafter(f"glance:{tmp_path};branch_k=2", pipe.model)
     assert drafter.block_size == 4 and len(drafter.head.layers) == 1
-    ex = get_workload("docs").example("test", 0)
+    ex = get_workload("testbed-docs").example("test", 0)
     inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
     ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert torch.equal(mmspec.generate(pipe.model, inputs, drafter=drafter, max_new_tokens=12).sequences, ref)

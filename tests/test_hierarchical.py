@@ -161,14 +161,14 @@ def test_bench_records_of_the_hierarchical_system(tiny_vlm, tmp_path):
 
     LayoutDetector(width=8).save_pretrained(tmp_path / "lay")
     opts = f"hierarchical;page_tokens=6;block_tokens=6;layout={tmp_path / 'lay'}"
-    cfg = BenchConfig(model=tiny_vlm, workloads=["docs"], systems=[opts, opts + ";drafter=lookup"], n=2,
+    cfg = BenchConfig(model=tiny_vlm, workloads=["testbed-docs"], systems=[opts, opts + ";drafter=lookup"], n=2,
                       max_new_tokens=4, batch_sizes=[2], threads=1, dtype="float32")
     report = run_bench(cfg, progress=False)
     recs = {r["system"]: r for r in report.results if r["kind"] == "hierarchical"}
     assert set(recs) == {opts, opts + ";drafter=lookup"}
     assert [r["system"] for r in report.results if r["kind"] != "hierarchical"] == ["ar"]
     for name, r in recs.items():
-        assert r["status"] == "ok" and r["workload"] == "docs" and r["batch_size"] == 2
+        assert r["status"] == "ok" and r["workload"] == "testbed-docs" and r["batch_size"] == 2
         for key in ("pages_per_s", "pages_per_s_vs_ar", "char_error_rate", "ar_char_error_rate"):
             assert isinstance(r[key], float) and r[key] >= 0, key
         split = r["split"]
@@ -183,7 +183,7 @@ def test_bench_records_of_the_hierarchical_system(tiny_vlm, tmp_path):
     assert spec["split"]["hierarchical_spec_identical_to_hierarchical_ar"] is True
     assert "gain_speculation_hierarchical" in spec["split"] and "full_page_spec" not in recs[opts]["split"]
     with pytest.raises(InvalidInputError):
-        run_bench(BenchConfig(model=tiny_vlm, workloads=["docs"], systems=["hierarchical;pages=tall"], n=1))
+        run_bench(BenchConfig(model=tiny_vlm, workloads=["testbed-docs"], systems=["hierarchical;pages=tall"], n=1))
 
 
 @pytest.fixture(scope="module")

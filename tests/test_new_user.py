@@ -258,7 +258,7 @@ def test_bench_bare_eagle_on_the_bundled_target_named_by_path(monkeypatch):
 
     monkeypatch.setattr(bench, "build_systems", capture)
     with pytest.raises(Stop) as e:
-        bench.run_bench(bench.BenchConfig(model=bundled_target(), workloads=["docs"], systems=["eagle"], n=1),
+        bench.run_bench(bench.BenchConfig(model=bundled_target(), workloads=["testbed-docs"], systems=["eagle"], n=1),
                         progress=False)
     assert e.value.args[0] == ["ar", f"eagle:{bundled_eagle()}"]
 

@@ -21,8 +21,8 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def examples():
-    return (get_workload("docs", char_boxes=True).examples("train", 2)
-            + get_workload("charts", char_boxes=True).examples("train", 2))
+    return (get_workload("testbed-docs", char_boxes=True).examples("train", 2)
+            + get_workload("testbed-charts", char_boxes=True).examples("train", 2))
 
 
 def test_labels_cover_exactly_the_answer(tiny, examples):
@@ -219,7 +219,7 @@ def test_reading_targets_skip_an_answer_merged_into_the_prompt():
     if bundled_target() is None:  # an install without the repository's assets
         pytest.skip("no bundled target in this install")
     proc = AutoProcessor.from_pretrained(bundled_target())
-    w = get_workload("docs", mode="line", char_boxes=True)
+    w = get_workload("testbed-docs", mode="line", char_boxes=True)
     odd, plain = w.example("train", 62054), w.example("train", 0)
     assert odd.target == "4."
     batch = make_batch(proc, [odd, plain])
@@ -231,7 +231,7 @@ def test_reference_tau_counts_rounds_by_kind(tiny):
     """The reference is the answer as the target would emit it (end-of-turn included); reference_tau runs the
     reference-knowing drafter over each kind's items and pools its rounds."""
     model, proc = tiny
-    wl = get_workload("docs", mode="mix", block_fraction=0.5)
+    wl = get_workload("testbed-docs", mode="mix", block_fraction=0.5)
     exs = wl.examples("test", 4)
     for ex in exs:
         ids = reference_ids(proc, ex)

@@ -184,7 +184,7 @@ def test_mmspec_train_tiger_distill_then_policy(tmp_path):
     from mmspec.train import TrainConfig, fit, read_shard, train
     from mmspec.workloads import get_workload
 
-    base = dict(kind="tiger", target=tiny_vlm_path(), out=str(tmp_path / "distill"), workloads=("docs",), n_train=4,
+    base = dict(kind="tiger", target=tiny_vlm_path(), out=str(tmp_path / "distill"), workloads=("testbed-docs",), n_train=4,
                 max_new_tokens=8, steps=3, batch_size=2, shard_size=2, save_every=2, num_draft_tokens=3,
                 val_shards=1, progress=False,
                 options={"num_anchors": 4, "num_layers": 1, "visual_top_k": 8, "router_dim": 8, "teacher_top_k": 4})
@@ -207,7 +207,7 @@ def test_mmspec_train_tiger_distill_then_policy(tmp_path):
     assert not (tmp_path / "policy" / "data").exists()
     pipe = MMSpecPipeline.from_pretrained(tiny_vlm_path())
     drafter = make_drafter(f"tiger:{tmp_path / 'policy'}", pipe.model)
-    ex = get_workload("docs").example("test", 0)
+    ex = get_workload("testbed-docs").example("test", 0)
     inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
     ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
     out = mmspec.generate(pipe.model, inputs, drafter=drafter, max_new_tokens=12)

@@ -23,7 +23,7 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
 def _cfg(out_dir, **kw):
-    base = dict(kind="eagle", target=tiny_vlm_path(), out=str(out_dir), workloads=("docs", "charts"), n_train=4,
+    base = dict(kind="eagle", target=tiny_vlm_path(), out=str(out_dir), workloads=("testbed-docs", "testbed-charts"), n_train=4,
                 max_new_tokens=8, steps=3, batch_size=2, shard_size=2, save_every=2, progress=False)
     base.update(kw)
     return TrainConfig(**base)
@@ -119,7 +119,7 @@ def test_shards_written_readable_and_from_the_target(data_dir, pipe):
     # the first record is docs/train/0 through the pipeline's preprocessing: same prompt ids, image tokens in it
     from mmspec.workloads import get_workload
 
-    ex = get_workload("docs").example("train", 0)
+    ex = get_workload("testbed-docs").example("train", 0)
     ids = pipe.prepare(images=ex.images, prompt=ex.prompt)["input_ids"][0]
     first = read_shard(str(data_dir / "shard-00000.safetensors"))[0]
     assert torch.equal(first["tokens"][: len(ids)], ids)
@@ -176,7 +176,7 @@ def test_train_saves_lossless_drafter(data_dir, tmp_path, pipe):
     drafter = make_drafter(f"eagle:{out}", pipe.model)
     from mmspec.workloads import get_workload
 
-    for w in ("docs", "charts"):
+    for w in ("testbed-docs", "testbed-charts"):
         ex = get_workload(w).example("test", 0)
         inputs = pipe.prepare(images=ex.images, prompt=ex.prompt)
         ref = pipe.model.generate(**inputs, max_new_tokens=12, do_sample=False)
@@ -230,7 +230,7 @@ def test_resume_continues_step_count(data_dir, tmp_path):
 
 def test_cli_train_end_to_end(tmp_path, pipe):
     out = tmp_path / "cli"
-    rc = main(["train", "--kind", "eagle", "--target", tiny_vlm_path(), "--workload", "docs,charts", "--n-train", "2",
+    rc = main(["train", "--kind", "eagle", "--target", tiny_vlm_path(), "--workload", "testbed-docs,testbed-charts", "--n-train", "2",
                "--max-new-tokens", "4", "--steps", "2", "--batch-size", "2", "--shard-size", "1", "--out", str(out),
                "--val-shards", "1", "--no-progress"])
     assert rc == 0
@@ -289,7 +289,8 @@ def test_cli_progress_bar_shows_logged_values_and_a_summary_at_the_end(data_dir,
     import re
 
     out = _with_data(data_dir, tmp_path)
-    rc = main(["train", "--stage", "fit", "--target", tiny_vlm_path(), "--out", str(out), "--n-train", "4",
+    rc = main(["train", "--stage", "fit", "--target", tiny_vlm_path(), "--workload", "testbed-docs,testbed-charts",
+               "--out", str(out), "--n-train", "4",
                "--shard-size", "2", "--steps", "3", "--batch-size", "2", "--save-every", "0", "--val-shards", "1"])
     cap = capsys.readouterr()
     assert rc == 0
@@ -301,7 +302,8 @@ def test_cli_progress_bar_shows_logged_values_and_a_summary_at_the_end(data_dir,
     summary = cap.out.strip().splitlines()[-1]
     assert summary.startswith("mmspec train: eagle drafter saved to ") and str(out) in summary
     assert "step 3" in summary and "held-out top-1" in summary
-    rc = main(["train", "--stage", "data", "--target", tiny_vlm_path(), "--out", str(out), "--n-train", "4",
+    rc = main(["train", "--stage", "data", "--target", tiny_vlm_path(), "--workload", "testbed-docs,testbed-charts",
+               "--out", str(out), "--n-train", "4",
                "--shard-size", "2", "--max-new-tokens", "8", "--no-progress"])
     assert rc == 0 and "target data in " in capsys.readouterr().out.strip().splitlines()[-1]
 

@@ -46,7 +46,7 @@ def test_deterministic_across_fresh_instances(cls):
         assert a.meta == b.meta
 
 
-@pytest.mark.parametrize("name", ["docs", "charts"])
+@pytest.mark.parametrize("name", ["testbed-docs", "testbed-charts"])
 def test_splits_disjoint(items, name):
     train = {_key(e) for e in items[name, "train"]}
     test = {_key(e) for e in items[name, "test"]}
@@ -55,25 +55,25 @@ def test_splits_disjoint(items, name):
 
 
 def test_coverage_in_first_50(items):
-    docs = items["docs", "train"][:50]
+    docs = items["testbed-docs", "train"][:50]
     assert {e.meta["kind"] for e in docs} == {"page", "block"}
     assert {b["type"] for e in docs for b in e.meta["blocks"]} == set(BLOCK_TYPES) | {"heading"}
-    charts = items["charts", "train"][:50]
+    charts = items["testbed-charts", "train"][:50]
     assert {e.meta["regime"] for e in charts} == set(REGIMES)
     assert {e.meta["chart_type"] for e in charts} == set(CHART_TYPES)
-    assert {(e.meta["regime"], e.meta["chart_type"]) for e in items["charts", "test"][:50]} == \
+    assert {(e.meta["regime"], e.meta["chart_type"]) for e in items["testbed-charts", "test"][:50]} == \
         {(r, c) for r in REGIMES for c in CHART_TYPES}
 
 
 def test_images_are_rgb_of_configured_size(items):
-    for e in items["docs", "train"][:60]:
+    for e in items["testbed-docs", "train"][:60]:
         im = e.images[0]
         assert isinstance(im, Image.Image) and im.mode == "RGB"
         if e.meta["kind"] == "page":
             assert im.size == (336, 448)
         else:
             assert im.width == 336 and im.height <= 448 and im.height % 28 == 0
-    for e in items["charts", "train"][:30]:
+    for e in items["testbed-charts", "train"][:30]:
         assert e.images[0].mode == "RGB" and e.images[0].size == (336, 280)
     w = DocsWorkload(width=280, height=336, mode="page")
     assert all(e.images[0].size == (280, 336) for e in w.examples("test", 5))
@@ -87,7 +87,7 @@ def _run_words(ex):
 
 def test_docs_targets_are_markdown(items):
     seen_table = seen_list = 0
-    for e in items["docs", "train"][:100]:
+    for e in items["testbed-docs", "train"][:100]:
         t = e.target
         assert t and t.isascii() and t == t.strip()
         parts = t.split("\n\n")
@@ -119,7 +119,7 @@ def test_docs_targets_are_markdown(items):
 
 
 def test_chart_answers_are_grounded(items):
-    for e in items["charts", "train"][:120]:
+    for e in items["testbed-charts", "train"][:120]:
         m, t = e.meta, e.target
         assert t and t.isascii()
         texts = [r["text"] for r in m["runs"]]
@@ -157,9 +157,9 @@ def test_text_example_matches_example():
 
 
 def test_registry_and_errors():
-    d, c = get_workload("docs"), get_workload("charts")
+    d, c = get_workload("testbed-docs"), get_workload("testbed-charts")
     assert isinstance(d, DocsWorkload) and isinstance(c, ChartsWorkload)
-    assert get_workload("docs", width=280, mode="block").example("train", 0).images[0].width == 280
+    assert get_workload("testbed-docs", width=280, mode="block").example("train", 0).images[0].width == 280
     for w in (d, c):
         with pytest.raises(InvalidInputError):
             w.example("validation", 0)
@@ -232,7 +232,7 @@ def test_default_font_fallback(monkeypatch):
 
 
 def test_all_text_is_ascii():
-    texts = list(all_text("docs", "train", 20)) + list(all_text(ChartsWorkload(), "test", 20, include_prompts=True))
+    texts = list(all_text("testbed-docs", "train", 20)) + list(all_text(ChartsWorkload(), "test", 20, include_prompts=True))
     assert len(texts) == 60 and all(t and t.isascii() for t in texts)
 
 

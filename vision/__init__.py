@@ -1,7 +1,8 @@
 """mmspec.vision: image/video preprocessing and the VLM pipeline.
 
 Importing this package registers :class:`~mmspec.vision.pipeline.VLMPipeline` for the ``"vlm"`` task and
-the model types it drives, the ``docs`` and ``charts`` workloads (:mod:`mmspec.vision.workloads`), and the
+the model types it drives, the ``docs`` and ``charts`` workloads (the reader's pages, :mod:`mmspec.vision.reader`;
+the testbed's own as ``testbed-docs`` / ``testbed-charts``, :mod:`mmspec.vision.workloads`), and the
 ``glance`` drafter and trainer (:mod:`mmspec.vision.glance`); the core imports it only lazily, through
 :mod:`mmspec.registry`.
 
@@ -17,10 +18,14 @@ from mmspec.workloads import register_workload
 
 from .images import load_image, load_images
 from .pipeline import VLM_MODEL_TYPES, VLMPipeline
+from .reader.workloads import ReaderChartsWorkload, ReaderDocsWorkload
 from .workloads import ChartsWorkload, DocsWorkload
 
 register_pipeline(VLMPipeline.task, VLMPipeline, model_types=VLM_MODEL_TYPES)
-# the synthetic testbed workloads (mmspec.workloads.get_workload("docs") / ("charts"))
+# the reader's worlds are "docs" and "charts" (the defaults of bench, demo and parse-docs); the 12M testbed
+# target's own pages stay as "testbed-docs" / "testbed-charts" (a small test fixture)
+register_workload(ReaderDocsWorkload)
+register_workload(ReaderChartsWorkload)
 register_workload(DocsWorkload)
 register_workload(ChartsWorkload)
 

@@ -79,7 +79,11 @@ class VLMPipeline(MMSpecPipeline):
         from .reader.processor import PageReaderProcessor
 
         # a shipped reader folder holds the eyes and the LM's adapter; the LM itself is assembled from its GGUF
-        target = reader_checkpoint(target)
+        assembled = reader_checkpoint(target)
+        if assembled != target:
+            from transformers import AutoConfig
+
+            target, config = assembled, AutoConfig.from_pretrained(assembled)
         if PageReaderProcessor.is_reader_folder(target):
             loader = PageReaderProcessor
         try:

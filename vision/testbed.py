@@ -34,6 +34,19 @@ from mmspec.inputs import edit_distance, text_quality
 from mmspec.train import add_config_arguments, trim_log
 from mmspec.workloads import get_workload
 
+TESTBED_WORKLOADS = {"docs": "testbed-docs", "charts": "testbed-charts"}
+"""The testbed target reads the testbed's own pages: its workloads by their short names."""
+
+
+def testbed_workload(name: str, **options):
+    """The testbed world ``name`` (``"docs"`` / ``"charts"`` mean the testbed's pages, not the reader's).
+
+    Example:
+        >>> testbed_workload("docs").name
+        'testbed-docs'
+    """
+    return get_workload(TESTBED_WORKLOADS.get(name, name), **options)
+
 __all__ = ["SIZES", "TargetTrainConfig", "build_target", "make_batch", "aux_targets", "char_locations",
            "patch_reading_loss", "reading_targets", "ordered_targets", "spelling_table", "train_target", "evaluate",
            "grounding", "reference_ids", "reference_tau", "export_target", "bundled_target", "bundled_eagle",
@@ -75,7 +88,7 @@ def build_target(size: str = "small", tokenizer_texts: int = 3000, vocab_size: i
 
     texts = []
     for name in ("docs", "charts"):
-        texts += list(all_text(get_workload(name), "train", tokenizer_texts, include_prompts=True))
+        texts += list(all_text(testbed_workload(name), "train", tokenizer_texts, include_prompts=True))
     spec = SIZES[size]
     text = dict(spec["text"], max_position_embeddings=2048, initializer_range=0.02,
                 rope_parameters=_rope(spec["text"]["hidden_size"] // spec["text"]["num_attention_heads"]))
@@ -158,8 +171,7 @@ def char_locations(example, text: str) -> list:
     bullets) and characters not drawn (a caption's own words) stay ``None``.
 
     Example:
-        >>> from mmspec.workloads import get_workload
-        >>> ex = get_workload("charts", char_boxes=True).example("test", 1)
+        >>> ex = testbed_workload("charts", char_boxes=True).example("test", 1)
         >>> locs = char_locations(ex, ex.target)
         >>> sum(loc is not None for loc in locs) > 0
         True
@@ -582,7 +594,7 @@ def _examples(cfg: TargetTrainConfig, step: int, workloads: dict) -> list:
 
 
 def _train_workloads(cfg: TargetTrainConfig) -> dict:
-    return {name: get_workload(name, char_boxes=True, **cfg.workload_options.get(name, {}))
+    return {name: testbed_workload(name, char_boxes=True, **cfg.workload_options.get(name, {}))
             for name in ("docs", "charts")}
 
 
@@ -971,7 +983,7 @@ def evaluate(model, processor, workload: str, n: int = 20, max_new_tokens: int =
         >>> evaluate(model, processor, "charts", n=8)          # doctest: +SKIP
         {'workload': 'charts', 'n': 8, 'exact_match': 0.75, 'char_error_rate': 0.04, ...}
     """
-    wl = get_workload(workload, **(options or {}))
+    wl = testbed_workload(workload, **(options or {}))
     exact, errors, chars, by_regime, by_kind = 0, 0, 0, {}, {}
     model.eval()
     for start in range(0, n, batch_size):
@@ -1016,7 +1028,7 @@ def grounding(model, processor, workload: str, n: int = 16, batch_size: int = 4,
 
     from PIL import Image
 
-    wl = get_workload(workload, **(options or {}))
+    wl = testbed_workload(workload, **(options or {}))
     tally: dict = {}  # kind -> [right with image, right blank, answer tokens]
     model.eval()
     for start in range(0, n, batch_size):
@@ -1047,7 +1059,7 @@ def reference_ids(processor, example) -> list[int]:
     the answer tokenised after its chat prompt, as in training (see :func:`make_batch`).
 
     Example:
-        >>> ex = get_workload("charts").example("test", 0)                            # doctest: +SKIP
+        >>> ex = testbed_workload("charts").example("test", 0)                            # doctest: +SKIP
         >>> processor.tokenizer.decode(reference_ids(processor, ex)[:-1]) == ex.target   # doctest: +SKIP
         True
     """
@@ -1082,7 +1094,7 @@ def reference_tau(model, processor, workload: str, n: int = 20, max_new_tokens: 
     from mmspec.drafters.reference import ReferenceLookupDrafter
     from mmspec.stats import SpecStats
 
-    wl = get_workload(workload, **(options or {}))
+    wl = testbed_workload(workload, **(options or {}))
     groups: dict = {}
     for ex in wl.examples("test", n):
         groups.setdefault(ex.meta.get("kind") or ex.meta.get("regime", "-"), []).append(ex)

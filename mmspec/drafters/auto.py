@@ -239,7 +239,12 @@ def choose_drafter(target_model, drafter_dir=None, cache_dir: str | None = "defa
     return AutoChoice(chosen, ranked, None if chosen is not None else fallback)
 
 
-def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback="lookup", tokenizer=None,
+FALLBACK_KEY = "mmspec_fallback_drafter"
+"""Config key by which a checkpoint names the training-free drafter that suits it (the reader: ``page-lookup``);
+``"auto"`` falls back to it instead of ``"lookup"`` when no saved drafter matches."""
+
+
+def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback=None, tokenizer=None,
                  **options):
     """What the registry calls for ``"auto"``: the best eligible candidate, built by its own kind's factory (one
     that fails to load is marked skipped and the next is tried), else the fallback; ``drafter.auto_choice`` holds
@@ -247,7 +252,8 @@ def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback
 
     Options (spec ``"auto:DIR;cache=false;fallback=none"``, or keywords): ``path`` / ``drafter_dir`` the user's
     folder, ``cache`` whether to search :func:`drafter_cache_dir`, ``fallback`` the spec used when nothing matches
-    (``"none"``: raise instead, for jobs that must not run without a trained drafter), ``tokenizer`` the target's.
+    (default: the one the target's config names under :data:`FALLBACK_KEY`, else ``"lookup"``; ``"none"``: raise
+    instead, for jobs that must not run without a trained drafter), ``tokenizer`` the target's.
 
     Raises:
         InvalidInputError: ``"auto"`` without a target, unknown options, a folder named twice or missing, or no
@@ -268,6 +274,9 @@ def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback
         raise InvalidInputError("'auto' chooses a drafter for a target: pass the loaded target model")
     if path and drafter_dir is not None:
         raise InvalidInputError(f"'auto:{path}' and drafter_dir={drafter_dir!r} both name a folder; keep one")
+    if fallback is None:
+        named = getattr(getattr(target_model, "config", None), FALLBACK_KEY, None)
+        fallback = named if isinstance(named, str) and named else "lookup"
     if not isinstance(fallback, str) or fallback.split(";")[0].split(":")[0].strip() == "auto":
         raise InvalidInputError(f"fallback must be a drafter spec other than 'auto', or 'none' (got {fallback!r})")
     fallback = None if fallback == "none" else fallback

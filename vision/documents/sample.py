@@ -21,13 +21,15 @@ import sys
 __all__ = ["write_sample_folder"]
 
 
-def write_sample_folder(folder, n_png: int = 8, n_pdf_pages: int = 2, split: str = "test", seed: int = 0) -> list:
-    """Write ``n_png`` docs-workload pages as ``page-XXX.png`` and the next ``n_pdf_pages`` as ``scan.pdf``
-    into ``folder`` (created); returns the paths written."""
+def write_sample_folder(folder, n_png: int = 8, n_pdf_pages: int = 2, split: str = "test", seed: int = 0,
+                        workload: str = "docs") -> list:
+    """Write ``n_png`` pages of ``workload`` (the reader's ``docs`` by default; ``testbed-docs`` for the testbed
+    target's) as ``page-XXX.png`` and the next ``n_pdf_pages`` as ``scan.pdf`` into ``folder`` (created); returns
+    the paths written."""
     from mmspec.workloads import get_workload
 
     os.makedirs(folder, exist_ok=True)
-    w = get_workload("docs", mode="page", seed=seed)
+    w = get_workload(workload, seed=seed, **({"mode": "page"} if workload == "testbed-docs" else {}))
     paths = []
     for i in range(n_png):
         p = os.path.join(folder, f"page-{i:03d}.png")

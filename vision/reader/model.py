@@ -117,6 +117,11 @@ def assemble_reader(asset_dir: str, out_root: str | None = None, print_fn=None, 
     text_cfg = AutoConfig.from_pretrained(lm_dir).to_dict()
     cfg = reader_config(text_cfg, **manifest["vision"])
     cfg.dtype = dtype
+    from mmspec.drafters.auto import FALLBACK_KEY
+    from mmspec.workloads import ASSEMBLED_FROM
+
+    setattr(cfg, ASSEMBLED_FROM, os.path.abspath(asset_dir))  # its bundled drafters are this checkpoint's
+    setattr(cfg, FALLBACK_KEY, "page-lookup")
     lm = load_file(os.path.join(lm_dir, "model.safetensors"))
     state = {}
     for k, v in lm.items():

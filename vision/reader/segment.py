@@ -69,7 +69,7 @@ def ink_mask(gray: np.ndarray) -> tuple[np.ndarray, float]:
 
     Example:
         >>> g = np.full((4, 4), 250, np.uint8); g[1, 1] = 10
-        >>> ink_mask(g)[0].sum()
+        >>> int(ink_mask(g)[0].sum())
         1
     """
     g = gray.astype(np.float32)

@@ -508,6 +508,9 @@ def export_reader(vision_dir: str, adapter_dir: str | None, out: str, dtype=torc
     lm_dir = smollm2_path()
     cfg = reader_config(AutoConfig.from_pretrained(lm_dir).to_dict(), **vision)
     cfg.dtype = "bfloat16"
+    from mmspec.drafters.auto import FALLBACK_KEY
+
+    setattr(cfg, FALLBACK_KEY, "page-lookup")
     cfg.save_pretrained(out)
     AutoTokenizer.from_pretrained(lm_dir).save_pretrained(os.path.join(out, "tokenizer"))
     with open(os.path.join(out, READER_MANIFEST), "w") as f:

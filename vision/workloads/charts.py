@@ -131,7 +131,8 @@ class ChartsWorkload(SeededWorkload):
         ('pie', 'grounded')
     """
 
-    name = "charts"
+    name = "testbed-charts"
+    seed_key = "charts"
 
     def bundled_model(self):
         from ..testbed import bundled_target

@@ -1,4 +1,4 @@
-"""The ``docs`` workload: small document pages (and crops of single blocks) with Markdown transcriptions.
+"""The ``testbed-docs`` workload: small document pages (and crops of single blocks) with Markdown transcriptions, read by the 12M testbed target (the reader reads its own pages: :mod:`mmspec.vision.reader.workloads`).
 
 Why: transcription is the "verbatim copy" regime of GLANCE, where a drafter that reads the image should
 predict long runs of target tokens. The pages are rendered with Pillow from seeded text (headings,
@@ -302,7 +302,8 @@ class DocsWorkload(SeededWorkload):
         ('line', False, True)
     """
 
-    name = "docs"
+    name = "testbed-docs"
+    seed_key = "docs"  # the items drawn when this was the "docs" world stay the same
 
     def bundled_model(self):
         from ..testbed import bundled_target
