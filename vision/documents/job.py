@@ -223,12 +223,13 @@ def _check_job(out: str, settings: dict, items: list[_Item], rank: int) -> None:
 
 
 def _default_model(model):
-    from ..testbed import bundled_target
+    """``model``, else the bundled reader, else (a checkout without the reader) the bundled testbed target."""
+    from mmspec.workloads import get_workload
 
     if model is None:
-        model = bundled_target()
+        model = get_workload("docs").bundled_model() or get_workload("testbed-docs").bundled_model()
         if model is None:
-            raise InvalidInputError("this install has no bundled testbed target: pass --model")
+            raise InvalidInputError("this install has no bundled document model: pass --model")
     return model
 
 

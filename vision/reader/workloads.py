@@ -76,10 +76,23 @@ class _ReaderWorkload(SeededWorkload):
         return path if is_reader_assets(path) else None
 
     def bundled_drafters(self):
-        from mmspec.workloads import bundled_drafter_specs
-
+        """The training-free ``page-lookup`` and every head shipped in the reader's ``drafters/`` folder."""
         model = self.bundled_model()
-        return bundled_drafter_specs(model) if model else []
+        if not model:
+            return []
+        specs = ["page-lookup"]
+        root = os.path.join(model, "drafters")
+        if os.path.isdir(root):
+            for name in sorted(os.listdir(root)):
+                cfg = os.path.join(root, name, "config.json")
+                if os.path.isfile(cfg):
+                    import json
+
+                    with open(cfg) as f:
+                        kind = json.load(f).get("drafter_kind")
+                    if kind:
+                        specs.append(f"{kind}:{os.path.join(root, name)}")
+        return specs
 
     def _page(self, rng: random.Random, nrng: np.random.Generator, split: str, draw: bool):
         from .pages import chart_spec, page_spec, render_chart, render_page
