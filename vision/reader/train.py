@@ -349,6 +349,8 @@ class AdapterConfig:
     save_every: int = 20
     threads: int = 2
     frontend: str | None = None  # a stage-1 OUT folder: feed its outputs instead of noised targets
+    train_connector: bool = False  # with frontend: the connector learns end to end too (the tower stays frozen)
+    init_lora: str | None = None  # an earlier stage-2 OUT folder to start the adapter from
     max_page_tokens: int = 420
 
 
@@ -387,7 +389,10 @@ def train_adapter(cfg: AdapterConfig) -> str:
 
     torch.set_num_threads(cfg.threads)
     os.makedirs(cfg.out, exist_ok=True)
-    _check_config(cfg.out, cfg, ("rank", "alpha", "seed", "batch", "lr", "steps", "frontend"))
+    _check_config(cfg.out, cfg, ("rank", "alpha", "seed", "batch", "lr", "steps", "frontend", "train_connector",
+                                 "init_lora"))
+    if cfg.train_connector and not cfg.frontend:
+        raise SystemExit("train_connector needs frontend (the stage-1 run whose connector is trained)")
     lm_dir, tok, E, table = _lm_embeddings()
     model = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.bfloat16)
     for p in model.parameters():
@@ -398,7 +403,6 @@ def train_adapter(cfg: AdapterConfig) -> str:
             m.lora_A.data = m.lora_A.data.float()
             m.lora_B.data = m.lora_B.data.float()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     front = None
     if cfg.frontend:
         with open(os.path.join(cfg.frontend, "config.json")) as f:
@@ -407,14 +411,27 @@ def train_adapter(cfg: AdapterConfig) -> str:
         st = torch.load(os.path.join(cfg.frontend, "state.pt"), weights_only=True)
         front.load_state_dict(st["model"])
         front.eval()
+        for p in front.parameters():
+            p.requires_grad_(False)
+        if cfg.train_connector:
+            for p in front.connector.parameters():
+                p.requires_grad_(True)
+            params += list(front.connector.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     step = 0
     state_path = os.path.join(cfg.out, "state.pt")
     if os.path.isfile(state_path):
         st = torch.load(state_path, weights_only=True)
         model.load_state_dict(st["lora"], strict=False)
+        if "connector" in st and front is not None:
+            front.connector.load_state_dict(st["connector"])
         opt.load_state_dict(st["opt"])
         step = int(st["step"])
         print(f"resumed at step {step}", file=sys.stderr)
+    elif cfg.init_lora:
+        st = torch.load(os.path.join(cfg.init_lora, "state.pt"), weights_only=True)
+        model.load_state_dict(st["lora"], strict=False)
+        print(f"adapter initialised from {cfg.init_lora} (step {st['step']})", file=sys.stderr)
     ts = Typesetter(tok)
     proc = PageReaderProcessor(tok, image_token=IMAGE_TOKEN)
     emb = model.get_input_embeddings()
@@ -434,7 +451,9 @@ def train_adapter(cfg: AdapterConfig) -> str:
             rng = torch.Generator().manual_seed(step * 1000 + b)
             if front is not None:
                 with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-                    vis = front(tiles_to_pixels(tiles)).float()
+                    h = front.vision_model(pixel_values=tiles_to_pixels(tiles)).last_hidden_state
+                with torch.set_grad_enabled(cfg.train_connector), torch.autocast("cpu", dtype=torch.bfloat16):
+                    vis = front.connector(h.float()).squeeze(1).float()
             else:
                 cls = torch.from_numpy(np.where(classes >= 0, classes, 0))
                 vis = table[cls].clone()
@@ -443,7 +462,7 @@ def train_adapter(cfg: AdapterConfig) -> str:
                 sigma = cfg.noise * torch.rand((), generator=rng).item()
                 noise = torch.randn(vis.shape, generator=rng)
                 vis = vis + noise * (sigma * vis.norm(dim=-1, keepdim=True) / noise.norm(dim=-1, keepdim=True))
-            x[pos] = vis
+            x = x.index_put((pos,), vis)
             lab = torch.full((len(ids) + len(answer),), -100)
             lab[len(ids):] = torch.tensor(answer)
             seqs.append(x)
@@ -468,7 +487,12 @@ def train_adapter(cfg: AdapterConfig) -> str:
         print(f"step {step}/{cfg.steps} loss {out.loss.item():.4f} {rate:.1f} s/step", file=sys.stderr, flush=True)
         if step % cfg.save_every == 0 or step == cfg.steps:
             lora = {k: v for k, v in model.state_dict().items() if "lora_" in k}
-            _atomic_save({"lora": lora, "opt": opt.state_dict(), "step": step}, state_path)
+            state = {"lora": lora, "opt": opt.state_dict(), "step": step}
+            if cfg.train_connector:
+                state["connector"] = front.connector.state_dict()
+                save_file({f"model.connector.{k}": v.detach().contiguous() for k, v in front.connector.state_dict().items()},
+                          os.path.join(cfg.out, "connector.safetensors"))
+            _atomic_save(state, state_path)
             save_file({k: v.contiguous() for k, v in lora_state_dict(model).items()},
                       os.path.join(cfg.out, "lora.safetensors"))
     return cfg.out
@@ -497,7 +521,10 @@ def export_reader(vision_dir: str, adapter_dir: str | None, out: str, dtype=torc
     def cast(d):
         return {k: v.to(dtype).contiguous() if v.is_floating_point() and v.ndim else v.contiguous() for k, v in d.items()}
 
-    save_file(cast(load_file(os.path.join(vision_dir, "vision.safetensors"))), os.path.join(out, "vision.safetensors"))
+    vision_state = load_file(os.path.join(vision_dir, "vision.safetensors"))
+    if adapter_dir and os.path.isfile(os.path.join(adapter_dir, "connector.safetensors")):
+        vision_state.update(load_file(os.path.join(adapter_dir, "connector.safetensors")))  # trained end to end
+    save_file(cast(vision_state), os.path.join(out, "vision.safetensors"))
     manifest = {"vision": vision, "vision_weights": "vision.safetensors", "lora": None,
                 "lm": {"package": LM_PACKAGE, "gguf": GGUF_NAME, "sha256": GGUF_SHA256},
                 "training": {"vision": _summary(vision_dir)}}
@@ -549,6 +576,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", type=int)
     p.add_argument("--batch", type=int)
     p.add_argument("--lr", type=float)
+    p.add_argument("--init-lora", help="adapter stage: start from this earlier adapter run")
+    p.add_argument("--train-connector", action="store_true", default=None,
+                   help="adapter stage with --frontend: train the connector end to end too")
     args = p.parse_args(argv)
     if args.stage == "export":
         if not args.vision:
@@ -557,8 +587,8 @@ def main(argv=None) -> int:
         return 0
     kw = {k: v for k, v in vars(args).items() if v is not None and k not in ("stage", "vision", "adapter")}
     if args.stage == "vision":
-        kw.pop("frontend", None)
-        kw.pop("batch", None)
+        for k in ("frontend", "batch", "init_lora", "train_connector"):
+            kw.pop(k, None)
         train_vision(VisionConfig(**kw))
     else:
         kw.pop("tiles", None)
