@@ -151,14 +151,17 @@ def reader_report(model: str | None = None, *, n: int = 40, n_charts: int | None
 
     texts, stats = _decode(pipe, docs, references=[ex.target for ex in docs], batch=batch, progress=say("docs"))
     report["docs"] = cer(texts, [ex.target for ex in docs])
+    print_fn(f"  docs {report['docs']}")
     report["tau_reference_depth8"] = round(sum(s.committed for s in stats) / max(1, sum(s.row_rounds for s in stats)), 3)
     report["docs_samples"] = [{"id": ex.id, "target": ex.target[:300], "text": t[:300]} for ex, t in
                               zip(docs[:3], texts[:3])]
     texts, _ = _decode(pipe, charts, batch=batch, references=[ex.target for ex in charts], progress=say("charts"))
     report["charts"] = cer(texts, [ex.target for ex in charts])
+    print_fn(f"  charts {report['charts']}")
     texts, _ = _decode(pipe, held, batch=batch, references=[ex.target for ex in held], progress=say("heldout"))
     report["heldout"] = cer(texts, [ex.target for ex in held])
-    m = max(4, n // 2)
+    print_fn(f"  heldout {report['heldout']}")
+    m = min(n, max(2, n // 2))
     others = [docs[(k + 1) % m].images[0] for k in range(m)]
     texts, _ = _decode(pipe, docs[:m], images=others, batch=batch, drafter="lookup", progress=say("shuffled"))
     report["shuffled"] = cer(texts, [ex.target for ex in docs[:m]])

@@ -7,7 +7,8 @@ plain numpy geometry on a binarised page, deterministic and fast (a few ms a pag
 1. ink: pixels darker than halfway between the paper (the median grey) and the darkest ink;
 2. rules and graphics: horizontal ink runs of >= ``RULE_PX`` and vertical ones of >= ``VRULE_PX`` are erased (frames around blocks, table rules, a chart's bars): text never has runs that long;
 3. blocks and reading order: a region is cut at a vertical white gap of >= ``GUTTER_EM`` that spans its whole
-   height when the parts on both sides are >= ``COLUMN_MIN_EM`` wide (columns, left to right), else its top
+   height when the parts on both sides are >= ``COLUMN_MIN_EM`` wide and hold two lines or more (columns, left to
+   right), else its top
    slab is cut off at the first white band of >= ``BLOCK_GAP_EM`` (the next block, or a title above columns),
    recursively; what remains is one block. These are in units of the page's median line height;
 4. lines: bands of rows with ink inside a block (slivers such as a lone dot merged into their neighbour);
@@ -174,7 +175,9 @@ def _blocks(ink: np.ndarray, y0: int, y1: int, x0: int, x1: int, em: float, out:
     if gaps:
         edges = [0] + [v for s, e in gaps for v in (s, e)] + [x1 - x0]
         parts = list(zip(edges[::2], edges[1::2]))
-        if min(b - a for a, b in parts) >= COLUMN_MIN_EM * em:
+        # every part holds at least two lines: a single line's word gaps span its whole height but part no columns
+        lines_in = [len(_runs(ink[y0:y1, x0 + a:x0 + b].any(axis=1))) for a, b in parts]
+        if min(b - a for a, b in parts) >= COLUMN_MIN_EM * em and min(lines_in) >= 2:
             for a, b in parts:
                 _blocks(ink, y0, y1, x0 + a, x0 + b, em, out)
             return
