@@ -1,12 +1,14 @@
 """``mmspec bench --workload driving``: the plain driving pipeline's latency per stage and its quality.
 
-One record per run (system ``ar``, batch 1: a car plans one tick at a time). After one untimed warm-up
-step, every item of the split goes through :meth:`~mmspec.drivers.pipeline.DrivingPipeline.step` (one
-trajectory sample, as a car drives); ``latency_ms`` holds the mean of each stage (encode, prefill, decode,
-action, total) with ``p50`` / ``p90`` of total, ``quality`` the offline figures of
-:func:`~mmspec.drivers.train_vla.summarize_scores` on the same steps (reasoning exact, hazard accuracy,
-distance error, minADE of the sample against the constant-velocity ADE). FlashDrive's systems later add
-their records beside this one, measured the same way.
+One record per system, batch 1 (a car plans one tick at a time): ``ar``, the plain pipeline, and FlashDrive's
+systems (``flashdrive``, or any ``mmspec drive-sim`` system name; default ``ar,flashdrive``). After one untimed
+warm-up step per system, every item of the split goes through each system's
+:meth:`~mmspec.drivers.pipeline.DrivingPipeline.step` (one trajectory sample, as a car drives), the systems in an
+order rotated per item; items are independent ticks, so a streaming system starts each one fresh (``reset``):
+what reuse across the ticks of a clip buys is ``mmspec drive-sim``'s to measure. ``latency_ms`` holds the mean of
+each stage (encode, prefill, decode, action, total) with ``p50`` / ``p90`` of total, ``quality`` the offline
+figures of :func:`~mmspec.drivers.train_vla.summarize_scores` on the same steps (reasoning exact, hazard
+accuracy, distance error, minADE of the sample against the constant-velocity ADE).
 
 Example:
     >>> from mmspec.bench import BenchConfig                                           # doctest: +SKIP
@@ -30,29 +32,83 @@ from .train_vla import DrivingVLA, score_step, summarize_scores
 __all__ = ["bench_driving"]
 
 
+DEFAULT_BENCH_SYSTEMS = ("ar", "flashdrive")
+
+
+def bench_systems(names) -> list[str]:
+    """The driving bench's systems (``ar`` first); raises :class:`~mmspec.InvalidInputError` on an unknown one.
+
+    Example:
+        >>> bench_systems(None), bench_systems(["flashdrive-stepcache"])
+        (['ar', 'flashdrive'], ['ar', 'flashdrive-stepcache'])
+    """
+    from mmspec.errors import InvalidInputError
+
+    names = list(names or DEFAULT_BENCH_SYSTEMS)
+    known = ["ar"] + [s for s in SIM_SYSTEMS if s != "plain"]
+    bad = [s for s in names if s not in known]
+    if bad:
+        raise InvalidInputError(f"unknown driving system(s) {bad}; the driving bench knows {', '.join(known)}")
+    return ["ar"] + [s for s in dict.fromkeys(names) if s != "ar"]
+
+
 def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> list[dict]:
-    """Measure :class:`DrivingPipeline` of the VLA at ``model`` on ``examples``; one ``ar`` record."""
+    """Measure the driving systems of ``cfg.systems`` (:func:`bench_systems`) for the VLA at ``model`` on
+    ``examples``; one record per system."""
     from tqdm.auto import tqdm
 
+    from .distill import bundled_student
+
+    systems = bench_systems(cfg.systems)  # checked before the model loads
     device = cfg.resolved_device()
     vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(cfg.dtype, model, device))
     vla.to(device)
-    pipe = DrivingPipeline(vla)
+    student = bundled_student(model)
+    pipes = {}
+    for s in systems:
+        spec = None if s == "ar" else SIM_SYSTEMS[s]
+        if isinstance(spec, dict) and spec.get("expert") == FEWSTEP:
+            if not student:
+                continue  # no distilled student ships with this VLA: the few-step systems have nothing to run
+            spec = {**spec, "expert": student}
+        pipes[s] = DrivingPipeline(vla, flashdrive=spec)
     first = examples[0]
-    pipe.step(first.images, first.meta["history"], first.meta["speed"], seed=cfg.seed)  # warm-up, untimed
-    stages = {s: [] for s in STAGES}
-    scores, tokens = [], 0
+    for pipe in pipes.values():  # warm-up, untimed
+        pipe.reset()
+        pipe.step(first.images, first.meta["history"], first.meta["speed"], seed=cfg.seed)
+    stages = {s: {k: [] for k in STAGES} for s in pipes}
+    scores = {s: [] for s in pipes}
+    tokens = dict.fromkeys(pipes, 0)
+    texts = {s: [] for s in pipes}
+    order = list(pipes)
     for i, ex in enumerate(tqdm(examples, desc="driving", file=sys.stderr, disable=not progress, leave=False)):
-        res = pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], seed=cfg.seed + i)
-        for s in STAGES:
-            stages[s].append(res["timings_ms"][s])
-        tokens += res["num_decode_tokens"]
-        scores.append(score_step(res, ex))
-    note = ("DrivingPipeline.step, batch 1 (one car, one tick); quality on the same steps, one trajectory "
-            "sample each")
-    note += "; " + (dtype_note(cfg.dtype, model, device) or "run in its stored dtype")
-    return [plain_record("driving", 1, len(examples), [t / 1e3 for t in stages["total"]], tokens, stages,
-                         summarize_scores(scores), note, dtype=vla.backbone.dtype)]
+        for s in order[i % len(order):] + order[:i % len(order)]:
+            pipes[s].reset()  # an item is a tick of its own, not the next tick of the last item's clip
+            res = pipes[s].step(ex.images, ex.meta["history"], ex.meta["speed"], seed=cfg.seed + i)
+            for k in STAGES:
+                stages[s][k].append(res["timings_ms"][k])
+            tokens[s] += res["num_decode_tokens"]
+            scores[s].append(score_step(res, ex))
+            texts[s].append(res["reasoning"])
+    dnote = dtype_note(cfg.dtype, model, device) or "run in its stored dtype"
+    out = []
+    for s in pipes:
+        note = ("DrivingPipeline.step, batch 1 (one car, one tick); quality on the same steps, one trajectory "
+                "sample each; " + ("plain generate" if s == "ar" else f"FlashDrive {s}, each item a fresh tick")
+                + "; " + dnote)
+        rec = plain_record("driving", 1, len(examples), [t / 1e3 for t in stages[s]["total"]], tokens[s],
+                           stages[s], summarize_scores(scores[s]), note, dtype=vla.backbone.dtype)
+        same = [a == b for a, b in zip(texts[s], texts["ar"])]
+        # the reasoning is exact (speculative decoding is lossless) but a trajectory from a cached or few-step
+        # expert is not the plain expert's: these systems are compared by their quality figures, not token for token
+        rec.update(system=s, spec=s, kind="ar" if s == "ar" else "flashdrive", identical_rate=sum(same) / len(same),
+                   identical_to_ar=all(same), lossless=s == "ar")
+        out.append(rec)
+    ar_total = sum(stages["ar"]["total"])
+    for rec in out:  # the pooled ratio, as for text systems: sum of AR times over the system's, same items
+        mine = sum(stages[rec["system"]]["total"])
+        rec["speedup_vs_ar"] = ar_total / mine if mine else None
+    return out
 
 
 # ---------------------------------------------------------------------------- mmspec drive-sim
@@ -155,9 +211,10 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     unknown = [s for s in systems if s not in SIM_SYSTEMS]
     if unknown or not systems:
         raise InvalidInputError(f"unknown systems {unknown}; drive-sim knows {list(SIM_SYSTEMS)}")
-    if min(clips, closed, closed_start) < 0 or ticks < 1 or warmup < 0 or samples < 1 or (clips == 0 and closed == 0):
+    if min(clips, closed, closed_start) < 0 or ticks < 1 or warmup < 0 or samples < 1 or (clips == 0 and closed == 0) \
+            or not budget_ms > 0:
         raise InvalidInputError("drive-sim needs clips >= 0, closed >= 0 (not both 0), ticks >= 1, warmup >= 0, "
-                                "samples >= 1, closed-loop-start >= 0")
+                                "samples >= 1, closed-loop-start >= 0, budget-ms > 0")
     fewstep = [s for s in systems if isinstance(SIM_SYSTEMS[s], dict) and SIM_SYSTEMS[s].get("expert") == FEWSTEP]
     if fewstep and not expert and bundled_student(model) is None:
         raise InvalidInputError(f"{', '.join(fewstep)} need a distilled few-step expert: --expert DIR "
@@ -290,7 +347,9 @@ def _sim_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=6.0, help="closed-loop drive length in s (default 6)")
     p.add_argument("--budget-ms", type=float, default=100.0, help="real-time budget per tick (default 100: 10 Hz)")
     p.add_argument("--samples", type=int, default=6, help="trajectory samples per tick for minADE (default 6)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or auto")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (default: the checkpoint's stored dtype where the CPU computes in it natively, else "
+                        "float32), bfloat16 or float32")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clips-dir", default=None, help="where clip videos are written and reused")
@@ -318,6 +377,11 @@ def _sim_run(args) -> int:
     from .distill import bundled_student, student_info
     from .train_vla import bundled_vla
 
+    if not args.budget_ms > 0 or not args.seconds > 0:
+        raise InvalidInputError(f"--budget-ms and --seconds must be positive (got {args.budget_ms}, {args.seconds})")
+    from mmspec.checkpoints import resolve_dtype as _check_dtype
+
+    _check_dtype(args.dtype)  # a bad name fails before the model loads
     if args.threads:
         torch.set_num_threads(args.threads)
     model = args.model or bundled_vla()

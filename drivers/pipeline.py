@@ -299,7 +299,8 @@ class DrivingPipeline(MMSpecPipeline):
             for h in hooks:
                 h.remove()
         t_gen = time.perf_counter()
-        cache = out.past_key_values
+        # transformers >= 5.25 names it ``cache`` (``past_key_values`` still answers, with a deprecation warning)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         L = cache.get_seq_length()
         # Batch 1: the continuation position is the cache length plus the model's M-RoPE delta.
         start = L + backbone.model.rope_deltas.view(-1)[:1].to(torch.long)

@@ -271,7 +271,7 @@ def expert_context(vla: DrivingVLA, batch: dict, stream_mask: bool = False) -> t
     kw.pop("labels", None)
     out = vla.backbone(**kw, use_cache=True)
     start, valid = _expert_prefix(vla, batch)
-    return out.past_key_values, start, valid
+    return (out.cache if getattr(out, "cache", None) is not None else out.past_key_values), start, valid
 
 
 def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=None, stream_mask: bool = False) -> dict:
@@ -295,7 +295,7 @@ def vla_losses(vla: DrivingVLA, examples, reader, generator=None, road_reader=No
     aux = torch.nn.functional.binary_cross_entropy_with_logits(reader(captured["h"]), aux_y)
     start, valid = _expert_prefix(vla, batch)
     actions = torch.from_numpy(np.stack([ex.meta["actions"] for ex in examples])).float()
-    flow = vla.expert.loss(actions, out.past_key_values, start, valid, generator=generator)
+    flow = vla.expert.loss(actions, out.cache if getattr(out, "cache", None) is not None else out.past_key_values, start, valid, generator=generator)
     losses = {"lm": out.loss, "aux": aux, "flow": flow}
     if road_reader is not None:
         counts = (batch["image_grid_thw"].prod(-1) // (MERGE * MERGE)).view(len(examples), per_ex).sum(1)

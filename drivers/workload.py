@@ -77,6 +77,7 @@ class DrivingWorkload(SeededWorkload):
 
     name = "driving"
     plain_pipeline = True
+    plain_systems = True  # ar and FlashDrive's systems: drivers/bench.py
     model_task = "driving"
     model_marker = "action_expert.json"
 
@@ -84,6 +85,11 @@ class DrivingWorkload(SeededWorkload):
         from .train_vla import bundled_vla
 
         return bundled_vla()
+
+    def check_plain_systems(self, systems) -> None:
+        from .bench import bench_systems
+
+        bench_systems(systems)
 
     def bench_plain(self, model, examples, cfg, progress=True):
         from .bench import bench_driving

@@ -73,7 +73,9 @@ from .generator import ImageARPipeline
 
 __all__ = ["bench_images", "parse_image_system", "BenchCheckpoint", "DEFAULT_SYSTEMS"]
 
-DEFAULT_SYSTEMS = ("ar",)
+DEFAULT_SYSTEMS = ("ar", "sjd", "spatial")
+"""What ``mmspec bench --workload images`` measures when no systems are named: AR and the lossless speculative
+systems (the relaxed, lossy rules are asked for by name)."""
 _USAGE = ("image systems: 'ar', 'sjd' (options draft_len=N, init=random|repeat, branch=K) or 'spatial[:DIR]' (options "
           "draft_len=N, k_h=N, k_v=N, draft=argmax|sample, jacobi=true|false, rounds=R: lossy verify-and-correct), each "
           "with optional "
@@ -182,13 +184,22 @@ def bench_images(model: str, examples: list, cfg, progress: bool = True) -> list
     device = cfg.resolved_device()
     prompts = [ex.prompt for ex in examples]
     ckpt = None
-    if getattr(cfg, "resume", None):  # refused before the model loads when another run wrote it
+    if getattr(cfg, "resume", None) and cfg.systems:  # refused before the model loads when another run wrote it
         ckpt = BenchCheckpoint(cfg.resume, _fingerprint(model, prompts, systems, cfg, device))
     pipe = ImageARPipeline.from_pretrained(model, dtype=resolve_dtype(cfg.dtype, model, device))
     pipe.model.to(device)
     if pipe.vq is not None:
         pipe.vq.to(device)
     lm = pipe._image_lm or pipe.model  # the causal LM over [text | codes] the speculative loop drives
+    if not cfg.systems:
+        from .ssd import bundled_spatial_head
+
+        if bundled_spatial_head(lm) is None:  # the default list names the shipped head: none fits this generator
+            systems = [s for s in systems if s["name"] != "spatial"]
+            print("images bench: no spatial head ships for this generator; 'spatial' left out of the default "
+                  "systems (name one with --systems spatial:DIR)", file=sys.stderr)
+    if getattr(cfg, "resume", None) and ckpt is None:  # the default systems are known once the model is loaded
+        ckpt = BenchCheckpoint(cfg.resume, _fingerprint(model, prompts, systems, cfg, device))
     for s in systems:
         s["drafter_obj"] = make_drafter(s["drafter"], lm) if s["drafter"] else None
     clf_path = quality.bundled_classifier()

@@ -43,6 +43,11 @@ class ImagesWorkload(SeededWorkload):
 
         return bundled_generator()
 
+    def check_plain_systems(self, systems) -> None:
+        from .bench import _systems
+
+        _systems(systems)
+
     def bench_plain(self, model, examples, cfg, progress=True):
         from .bench import bench_images
 

@@ -1067,6 +1067,13 @@ class BenchReport:
     results: list
     meta: dict
 
+    def _dtype_label(self) -> str:
+        """The run's dtype: the meta's, else the dtypes its records ran in (plain pipelines load their own)."""
+        if self.meta.get("dtype"):
+            return str(self.meta["dtype"])
+        seen = sorted({str(r.get("dtype")) for r in self.results if r.get("dtype")})
+        return ", ".join(seen) or "not recorded"
+
     def to_json(self) -> str:
         return json.dumps({"results": self.results, "meta": self.meta}, indent=2)
 
@@ -1100,7 +1107,7 @@ class BenchReport:
         out += ["", "speedup: sum of AR times / sum of the system's times, interleaved on the same inputs after a "
                     "warm-up; median: median of the per-batch ratios; of ceil: speedup as a share of the ceiling's (a "
                     "perfect drafter, same run); same: share of rows identical to AR token for "
-                    f"token (dtype {self.meta.get('dtype')})"]
+                    f"token (dtype {self._dtype_label()})"]
         if self.meta.get("sampling") is not None:
             out += [f"sampling run ({self.meta['sampling'] or 'the model generation config'}, seed per batch shared by "
                     "the systems): outputs are not compared token for token, so texts differ in length and tok/s x (the "
@@ -1270,6 +1277,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchReport:
         if not path:
             raise InvalidInputError(f"no model for workload {name!r}: none is bundled; pass --model "
                                     f"{name}=PATH (or one --model for every workload)")
+    for w in plain:
+        if w.plain_systems:
+            w.check_plain_systems(cfg.systems)  # an unknown system is said before any model loads
     fixed = [w for w in plain if not w.plain_systems]  # the others measure cfg.systems themselves
     if fixed and not workloads and any(s != "ar" for s in cfg.systems or []):
         raise InvalidInputError(f"workloads {', '.join(w.name for w in fixed)} have no speculative systems yet; "

@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for a prompt (and images) with a drafter",
                        description="Load a checkpoint with MMSpecPipeline.from_pretrained and generate.")
-    g.add_argument("--model", required=True, help="target checkpoint: a folder written by save_pretrained (or hub id)")
+    g.add_argument("--model", default=None,
+                   help="target checkpoint: a folder written by save_pretrained (or hub id); default: the bundled "
+                        "document model (the reader, what `mmspec demo` runs)")
     g.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="an image file; repeat for several images")
     g.add_argument("--video", action="append", default=[], metavar="PATH",
@@ -54,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --inputs: one output line per request, in input order (a rerun skips those done)")
     g.add_argument("--batch-size", type=int, default=1, help="with --inputs: requests decoded together")
     g.add_argument("--no-progress", action="store_true", help="with --inputs: no progress bar")
-    g.add_argument("--drafter", default="lookup",
-                   help="'lookup' (default), 'auto' (the saved drafter with the best validation tau for this target), "
+    g.add_argument("--drafter", default="auto",
+                   help="'auto' (default: the saved drafter with the best validation tau for this target, else the "
+                        "target's training-free fallback), 'lookup', "
                         "'draft-model:PATH', another registered kind, or 'none'")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
@@ -202,8 +205,17 @@ def _generate(args) -> int:
         raise InvalidInputError("give --prompt (one request) or --inputs FILE.jsonl with --out (many)")
     elif args.out:
         raise InvalidInputError("--out goes with --inputs; a single --prompt prints its answer")
-    _check_text_task(args.model, args.task)
     drafter = None if args.drafter in (None, "", "none") else args.drafter
+    from .registry import check_drafter_spec
+
+    check_drafter_spec(drafter)  # an unknown drafter is said before the model loads
+    if args.model is None:
+        from .workloads import get_workload
+
+        args.model = get_workload("docs").bundled_model() or get_workload("testbed-docs").bundled_model()
+        if args.model is None:
+            raise InvalidInputError("no bundled document model in this install: pass --model PATH")
+    _check_text_task(args.model, args.task)
     pipe = MMSpecPipeline.from_pretrained(args.model, drafter=drafter, task=args.task, dtype=args.dtype,
                                           device_map=args.device_map, trust_remote_code=args.trust_remote_code)
     kwargs = {}

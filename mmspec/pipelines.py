@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 
 from .checks import check_device_map, check_local_folder, check_max_new_tokens, context_window
 from .errors import ContextLengthError, InvalidInputError, UnsupportedModelError
-from .registry import make_drafter, pipeline_class_for, supported_model_types, supported_tasks
+from .registry import check_drafter_spec, make_drafter, pipeline_class_for, supported_model_types, supported_tasks
+
+DEFAULT_DRAFTER = type("DefaultDrafter", (), {"__repr__": lambda self: "<the pipeline's default drafter>"})()
+"""``from_pretrained``'s ``drafter`` when none is named: the pipeline class's :attr:`MMSpecPipeline.default_drafter`."""
 from .stats import SpecStats
 
 __all__ = ["MMSpecPipeline", "PipelineOutput", "supported_model_types", "supported_tasks", "context_window",
@@ -123,8 +126,17 @@ class MMSpecPipeline:
         self.drafter_choice = getattr(self.drafter, "auto_choice", None)
         self.notes = list(self.drafter_choice.notes) if self.drafter_choice is not None else []
 
+    default_drafter = None
+    """What ``from_pretrained`` drafts with when no drafter is named (the VLM pipeline: ``"auto"``; the driving and
+    image pipelines decode plainly unless asked)."""
+
     @classmethod
-    def from_pretrained(cls, target, drafter=None, task=None, dtype="auto", device_map=None, drafter_dir=None, **kw):
+    def _default_drafter_for(cls, pipe_cls, drafter):
+        return pipe_cls.default_drafter if drafter is DEFAULT_DRAFTER else drafter
+
+    @classmethod
+    def from_pretrained(cls, target, drafter=DEFAULT_DRAFTER, task=None, dtype="auto", device_map=None,
+                        drafter_dir=None, **kw):
         """Load ``target`` (local folder or hub id) into the pipeline that serves it, paired with ``drafter``.
 
         Why: one call from checkpoint to a ready speculative decoder; the pipeline class is chosen from
@@ -133,7 +145,9 @@ class MMSpecPipeline:
 
         Args:
             target: a folder written by ``save_pretrained`` or a hub id (hub ids need network access).
-            drafter: anything :func:`mmspec.registry.make_drafter` takes: ``None``, a Drafter,
+            drafter: by default the pipeline's :attr:`default_drafter` (``"auto"`` for VLMs, none for the driving
+                and image pipelines); anything :func:`mmspec.registry.make_drafter` takes: ``None`` (plain
+                decoding through the same loop), a Drafter,
                 ``"lookup"``, ``"draft-model:PATH"``, ``{"kind": ..., ...}``; ``"auto"``: the saved drafter with
                 the best validation τ for this target among those bundled with it, under ``drafter_dir`` and in
                 the mmspec cache (:mod:`mmspec.drafters.auto`; the choice is in ``pipe.notes``).
@@ -166,11 +180,15 @@ class MMSpecPipeline:
 
         trust_remote_code = bool(kw.pop("trust_remote_code", False))
         if drafter_dir is not None:
+            if drafter is DEFAULT_DRAFTER:
+                drafter = "auto"
             if drafter != "auto":
                 raise InvalidInputError(f"drafter_dir goes with drafter='auto' (got drafter={drafter!r})")
             drafter = {"kind": "auto", "drafter_dir": drafter_dir}
         check_device_map(device_map)
         dtype = resolve_dtype(dtype)  # a bad name fails before the folder is read
+        if drafter is not DEFAULT_DRAFTER:
+            check_drafter_spec(drafter)  # an unknown kind fails before the model loads
         config = load_target_config(target, trust_remote_code=trust_remote_code)
         if dtype == "auto":
             device = _load_device(device_map)
@@ -197,6 +215,7 @@ class MMSpecPipeline:
                 f"{model_type!r} is an encoder-decoder model; mmspec drives decoder-only (V)LMs. "
                 f"Supported model types: {', '.join(supported_model_types())}"
             )
+        drafter = cls._default_drafter_for(pipe_cls, drafter)
         return pipe_cls._from_config(os.path.expanduser(os.fspath(target)), config, drafter=drafter, dtype=dtype,
                                      device_map=device_map, trust_remote_code=trust_remote_code, **kw)
 

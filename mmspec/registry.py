@@ -25,6 +25,7 @@ import warnings
 from .errors import InvalidInputError, UnsupportedModelError
 
 __all__ = [
+    "check_drafter_spec",
     "register_pipeline",
     "pipeline_class_for",
     "supported_tasks",
@@ -305,6 +306,52 @@ def make_drafter(spec, target_model, **kw):
     if target_model is not None:
         drafter.bind(target_model)
     return drafter
+
+
+def check_drafter_spec(spec) -> None:
+    """Refuse a malformed drafter spec or an unknown kind without building anything (no model needed), so that
+    entry points can say so before they load a model.
+
+    Raises:
+        InvalidInputError: unknown kind, malformed options, an unusable type.
+
+    Example:
+        >>> check_drafter_spec("lookup;num_draft_tokens=3 & auto")
+        >>> check_drafter_spec("foo")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        mmspec.errors.InvalidInputError: unknown drafter kind 'foo'; known kinds: ...
+    """
+    from .drafters.base import Drafter
+
+    if spec is None or isinstance(spec, Drafter):
+        return
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if isinstance(spec, str):
+        parts = [p.strip() for p in spec.split(UNION_SEP)] if UNION_SEP in spec else [spec]
+        for part in parts:
+            head, *pairs = part.split(";")
+            _spec_options(part, pairs)
+            _check_kind(head.partition(":")[0].strip())
+        return
+    if isinstance(spec, dict):
+        kind = spec.get("kind")
+        if not isinstance(kind, str):
+            raise InvalidInputError(f"a drafter dict needs a 'kind' string (got {spec!r})")
+        _check_kind(kind.strip())
+        return
+    raise InvalidInputError(f"cannot make a drafter from {type(spec).__name__}; pass None, a Drafter, a kind name "
+                            "such as 'lookup', 'draft-model:PATH', or a dict {'kind': ..., ...}")
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in _DRAFTERS:
+        load_modalities()
+    if kind not in _DRAFTERS:
+        raise InvalidInputError(
+            f"unknown drafter kind {kind!r}; known kinds: {', '.join(sorted(_DRAFTERS))}" + _unavailable_note()
+        )
 
 
 def _spec_options(spec: str, pairs: list[str]) -> dict:

@@ -129,6 +129,10 @@ class Workload:
         # Not a stub: workloads served by a text-generating target go through the bench's VLM systems instead.
         raise NotImplementedError(f"workload {self.name!r} is benchmarked through a target's generate")
 
+    def check_plain_systems(self, systems) -> None:
+        """Raise :class:`~mmspec.InvalidInputError` for a system :meth:`bench_plain` cannot measure (called by ``mmspec
+        bench`` before any model loads, for workloads with :attr:`plain_systems`). Nothing to check by default."""
+
     resumable = False
     """``True`` when :meth:`bench_plain` honours ``cfg.resume`` (a checkpoint a killed bench run continues from)."""
 

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
+
+# Tests never write the user's cache (~/.cache/mmspec: the tiny VLM, the converted SmolLM2, assembled readers):
+# unless the caller chose a cache (CI sets MMSPEC_CACHE to its work folder), the session gets a temporary one,
+# set here at import so that every test module, and every subprocess a test starts, sees it.
+_OWN_CACHE = None
+if not os.environ.get("MMSPEC_CACHE"):
+    _OWN_CACHE = tempfile.mkdtemp(prefix="mmspec-test-cache-")
+    os.environ["MMSPEC_CACHE"] = _OWN_CACHE
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 # The test models are tiny: thread start-up costs more than the matmuls, and on a busy 2-core machine
 # two threads made a 64-wide forward ~10x slower than one. MMSPEC_TEST_THREADS overrides.
@@ -40,3 +55,4 @@ def image_file(tmp_path_factory, shapes_image) -> str:
     path = tmp_path_factory.mktemp("images") / "shapes.png"
     shapes_image.save(path)
     return str(path)
+

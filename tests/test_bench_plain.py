@@ -40,8 +40,10 @@ def tiny_generator(tmp_path_factory):
 def test_driving_records_latency_per_stage_and_quality(tiny_vla):
     report = run_bench(BenchConfig(model=f"driving={tiny_vla}", workloads=["driving"], n=2, batch_sizes=[1, 4]),
                        progress=False)
-    (rec,) = report.results  # a car plans one tick at a time: batch 1 only
+    rec, fd = report.results  # a car plans one tick at a time: batch 1 only; ar and FlashDrive by default
     assert COMMON <= set(rec) and rec["system"] == "ar" and rec["batch_size"] == 1 and rec["status"] == "ok"
+    assert fd["system"] == "flashdrive" and fd["batch_size"] == 1 and fd["speedup_vs_ar"] > 0
+    assert fd["lossless"] is False and 0 <= fd["identical_rate"] <= 1 and fd["quality"]["n"] == 2
     lat = rec["latency_ms"]
     assert set(lat) == {"preprocess", "encode", "prefill", "decode", "action", "total", "p50", "p90"}
     assert 0 < lat["encode"] < lat["total"] and lat["action"] > 0 and lat["p50"] <= lat["p90"]
@@ -60,7 +62,8 @@ def test_images_records_per_batch_size_with_fid_and_prompt_accuracy(tiny_generat
     monkeypatch.setattr(quality, "bundled_classifier", lambda: str(tmp_path / "clf"))
     report = run_bench(BenchConfig(model=f"images={tiny_generator}", workloads=["images"], n=3,
                                    batch_sizes=[1, 2]), progress=False)
-    assert [r["batch_size"] for r in report.results] == [1, 2]
+    # by default AR and the lossless speculative systems (no spatial head ships for this tiny generator: left out)
+    assert [(r["system"], r["batch_size"]) for r in report.results] == [("ar", 1), ("sjd", 1), ("ar", 2), ("sjd", 2)]
     for rec in report.results:
         assert COMMON <= set(rec) and rec["new_tokens"] == 3 * 256
         assert set(rec["latency_ms"]) == {"generate", "decode", "total", "p50", "p90"}
@@ -75,8 +78,8 @@ def test_images_without_a_classifier_says_so(tiny_generator, monkeypatch):
     from mmspec.image_ar import quality
 
     monkeypatch.setattr(quality, "bundled_classifier", lambda: None)
-    (rec,) = run_bench(BenchConfig(model=tiny_generator, workloads=["images"], n=1, batch_sizes=[1]),
-                       progress=False).results
+    (rec,) = run_bench(BenchConfig(model=tiny_generator, workloads=["images"], systems=["ar"], n=1,
+                                   batch_sizes=[1]), progress=False).results
     assert "prompt_accuracy" not in rec["quality"] and "no world classifier" in rec["quality"]["note"]
 
 
@@ -86,7 +89,7 @@ def test_plain_workloads_fail_early_on_what_they_cannot_do(monkeypatch):
     monkeypatch.setattr(DrivingWorkload, "bundled_model", lambda self: None)
     with pytest.raises(InvalidInputError, match="no model for workload 'driving'"):
         run_bench(BenchConfig(workloads=["driving"], n=1), progress=False)
-    with pytest.raises(InvalidInputError, match="no speculative systems yet"):
+    with pytest.raises(InvalidInputError, match="unknown driving system"):
         run_bench(BenchConfig(model="driving=/x", workloads=["driving"], systems=["lookup"], n=1), progress=False)
 
 

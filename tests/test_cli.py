@@ -63,7 +63,7 @@ def test_missing_model_folder_exits_2(tmp_path, capsys):
 
 def test_argparse_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["generate", "--prompt", "hi"])  # --model missing
+        main(["generate", "--prompt", "hi", "--no-such-flag"])
     assert e.value.code == 2
 
 

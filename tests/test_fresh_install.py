@@ -67,3 +67,16 @@ def test_mmspec_kernels_is_the_kernels_folder():
     import mmspec.kernels
 
     assert Path(mmspec.kernels.__file__).resolve().parent == ROOT / "kernels" / "mmspec_kernels"
+
+
+def test_tests_use_a_session_cache_not_the_users_home():
+    """conftest.py points MMSPEC_CACHE at a temporary folder unless the caller set one: tests never write
+    ~/.cache/mmspec (the tiny VLM, the converted SmolLM2, assembled readers)."""
+    from mmspec.demo import _default_cache_dir
+    from mmspec.drafters.auto import drafter_cache_dir
+    from mmspec.vision.reader.lm import cache_root
+
+    home = os.path.realpath(os.path.expanduser("~/.cache/mmspec"))
+    for path in (cache_root(), str(_default_cache_dir()), drafter_cache_dir()):
+        assert not os.path.realpath(path).startswith(home), path
+    assert os.environ.get("MMSPEC_CACHE")

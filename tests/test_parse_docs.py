@@ -203,10 +203,10 @@ def test_pages_inputs_failures_and_markdown(ending_vlm, tmp_path):
     assert _run(ending_vlm, [src], out, "--batch-size", 3) == 1                    # some page failed
     recs = {r["id"]: r for r in _records(out)}
     chain = "".join(chr(ord(")") + i) for i in range(12))  # what the ending model writes (token 20 is ')')
-    ok = ["scans/a/p1.png#1", "scans/a/p2.jpg#1", "scans/two.pdf#1", "scans/two.pdf#2", "scans/two.png#1", "scans/owner-only.pdf#1",
-          "scans/owner-only.pdf#2", "scans/fax.tiff#1", "scans/fax.tiff#2"]
-    failed = {"scans/corrupt.png#1": "corrupt", "scans/empty.png#1": "empty", "scans/broken.pdf#1": "cannot open PDF",
-              "scans/locked.pdf#1": "encrypted PDF"}
+    ok = ["a/p1.png#1", "a/p2.jpg#1", "two.pdf#1", "two.pdf#2", "two.png#1", "owner-only.pdf#1",
+          "owner-only.pdf#2", "fax.tiff#1", "fax.tiff#2"]
+    failed = {"corrupt.png#1": "corrupt", "empty.png#1": "empty", "broken.pdf#1": "cannot open PDF",
+              "locked.pdf#1": "encrypted PDF"}
     assert sorted(recs) == sorted(ok + list(failed))
     for rid in ok:
         r = recs[rid]
@@ -215,7 +215,7 @@ def test_pages_inputs_failures_and_markdown(ending_vlm, tmp_path):
         assert r["timings"]["decode_s"] > 0 and r["page"] >= 1
     for rid, word in failed.items():
         assert recs[rid]["status"] == "failed" and word in recs[rid]["error"], recs[rid]
-    md = out / "markdown" / "scans"
+    md = out / "markdown"  # the input folder's own name is not repeated
     assert (md / "a" / "p1.md").read_text() == chain + "\n"
     assert (md / "two.png.md").read_text() == chain + "\n" and not (md / "two.md").exists()
     assert (md / "two.pdf.md").read_text() == f"<!-- page 1 -->\n\n{chain}\n\n<!-- page 2 -->\n\n{chain}\n"
@@ -269,15 +269,15 @@ def test_resume_after_a_crash_redoes_only_unfinished_pages(ending_vlm, tmp_path,
     monkeypatch.setattr(job._Decoder, "decode", crash_on_second_batch)
     with pytest.raises(KeyboardInterrupt):
         parse_documents(ParseConfig(**cfg))
-    assert [r["id"] for r in _records(out)] == ["in/p0.png#1", "in/p1.png#1"]
+    assert [r["id"] for r in _records(out)] == ["p0.png#1", "p1.png#1"]
     # A writer that died inside a line (a power cut) leaves a stub: it is cut, not read, not kept.
     with open(out / "pages.jsonl", "ab") as f:
-        f.write(b'{"id": "in/p2.png#1", "status": "ok", "te')
+        f.write(b'{"id": "p2.png#1", "status": "ok", "te')
     monkeypatch.setattr(job._Decoder, "decode", real)
     summary = parse_documents(ParseConfig(**cfg))
     assert summary["done_before"] == 2 and summary["decoded"] == 3 and summary["job_failed"] == 0
     recs = _records(out)
-    assert [r["id"] for r in recs] == [f"in/p{i}.png#1" for i in range(5)]           # each once, none lost
+    assert [r["id"] for r in recs] == [f"p{i}.png#1" for i in range(5)]           # each once, none lost
     # A finished job redoes nothing.
     again = parse_documents(ParseConfig(**cfg))
     assert again["decoded"] == 0 and again["done_before"] == 5 and len(_records(out)) == 5
@@ -291,12 +291,12 @@ def test_processes_split_the_manifest_and_share_the_folder(ending_vlm, tmp_path)
     cfg = dict(inputs=[str(src)], out=str(out), model=ending_vlm, dtype="float32", progress=False, world_size=2)
     first = parse_documents(ParseConfig(rank=1, **cfg))
     assert first["mine"] == 2 and first["decoded"] == 2                   # items 1 and 3 of a.png, b.pdf#1..3
-    assert not (out / "markdown" / "in" / "b.md").exists()                # b.pdf#2 is rank 0's, not done yet
+    assert not (out / "markdown" / "b.md").exists()                # b.pdf#2 is rank 0's, not done yet
     second = parse_documents(ParseConfig(rank=0, **cfg))
     assert second["decoded"] == 2 and second["job_done"] == 4
     ids = [r["id"] for r in _records(out)]
-    assert sorted(ids) == ["in/a.png#1", "in/b.pdf#1", "in/b.pdf#2", "in/b.pdf#3"] and len(set(ids)) == 4
-    assert (out / "markdown" / "in" / "b.md").read_text().count("<!-- page") == 3
+    assert sorted(ids) == ["a.png#1", "b.pdf#1", "b.pdf#2", "b.pdf#3"] and len(set(ids)) == 4
+    assert (out / "markdown" / "b.md").read_text().count("<!-- page") == 3
 
 
 def test_a_rerun_with_other_settings_is_refused(ending_vlm, tmp_path, capsys):
@@ -386,7 +386,7 @@ def test_torchrun_job_killed_at_once_then_resumed(slow_ending_vlm, tmp_path):
     assert sorted(ids) == sorted(manifest) and len(ids) == 19                       # each page exactly once
     assert recs[: len(before)] == before                                            # nothing rewritten
     assert all(r["status"] == "ok" for r in recs)
-    assert (out / "markdown" / "in" / "doc.md").read_text().count("<!-- page") == 3
+    assert (out / "markdown" / "doc.md").read_text().count("<!-- page") == 3
 
 
 @pytest.mark.slow

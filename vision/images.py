@@ -26,7 +26,30 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmspec.errors import InvalidImageError
 
-__all__ = ["load_image", "load_images"]
+__all__ = ["load_image", "load_images", "max_image_pixels", "MAX_IMAGE_PIXELS_DEFAULT"]
+
+MAX_IMAGE_PIXELS_DEFAULT = 50_000_000
+"""Images with more pixels than this (about 7000 x 7000) are refused before their pixels are decoded: no
+processor mmspec drives uses that many, and Pillow would spend seconds and gigabytes on them (a 12000 x 12000
+scan took 23 s behind Pillow's decompression-bomb warning). ``MMSPEC_MAX_IMAGE_PIXELS`` changes the limit."""
+
+
+def max_image_pixels() -> int:
+    """The pixel limit: ``$MMSPEC_MAX_IMAGE_PIXELS`` if set (a positive integer), else
+    :data:`MAX_IMAGE_PIXELS_DEFAULT`.
+
+    Example:
+        >>> max_image_pixels() >= 1
+        True
+    """
+    raw = os.environ.get("MMSPEC_MAX_IMAGE_PIXELS", "")
+    try:
+        value = int(raw) if raw else MAX_IMAGE_PIXELS_DEFAULT
+    except ValueError:
+        raise InvalidImageError(f"MMSPEC_MAX_IMAGE_PIXELS must be a positive integer (got {raw!r})") from None
+    if value < 1:
+        raise InvalidImageError(f"MMSPEC_MAX_IMAGE_PIXELS must be a positive integer (got {raw!r})")
+    return value
 
 _CHANNELS = (1, 3, 4)
 
@@ -52,7 +75,8 @@ def load_image(x) -> Image.Image:
 
     Raises:
         InvalidImageError: missing, unreadable or empty file; URL (nothing is downloaded); zero-size
-            image; empty array; unsupported shape or type.
+            image; more pixels than :func:`max_image_pixels` (said from the file's header, before decoding);
+            empty array; unsupported shape or type.
 
     Example:
         >>> from PIL import Image
@@ -118,6 +142,10 @@ def _check_pil(img: Image.Image, what: str) -> Image.Image:
     w, h = img.size
     if w <= 0 or h <= 0:
         raise InvalidImageError(f"{what} has zero size ({w}x{h} pixels)")
+    limit = max_image_pixels()
+    if w * h > limit:
+        raise InvalidImageError(f"{what} is {w}x{h} = {w * h:,} pixels, over mmspec's limit of {limit:,} "
+                                "(MMSPEC_MAX_IMAGE_PIXELS raises it); downscale it first")
     return img
 
 
@@ -162,15 +190,17 @@ def _from_path(p) -> Image.Image:
 def _open(fp, what: str) -> Image.Image:
     try:
         with Image.open(fp) as img:
+            _check_pil(img, what)  # the size comes from the header: a huge scan is refused before decoding
             img.load()
-            _check_pil(img, what)
             # A camera stores the sensor's pixels and says in EXIF how to turn them; viewers apply it.
             return _to_rgb(ImageOps.exif_transpose(img))
     except InvalidImageError:
         raise
     except UnidentifiedImageError as e:
         raise InvalidImageError(f"{what} is not an image Pillow can read") from e
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:
+        raise InvalidImageError(f"{what} is refused by Pillow as a decompression bomb: {e}") from e
+    except (OSError, ValueError, SyntaxError) as e:
         raise InvalidImageError(f"{what} is unreadable (truncated or corrupt?): {e}") from e
 
 

@@ -25,6 +25,10 @@ from .video import load_video
 
 __all__ = ["VLMPipeline", "VLM_MODEL_TYPES"]
 
+MIN_IMAGE_SIDE = 8
+"""Images narrower or lower than this many pixels are refused: a processor would blow them up into a blur with
+nothing to read (a 1 x 1 image once decoded silently)."""
+
 VLM_MODEL_TYPES = (
     # vision-language models (AutoModelForImageTextToText)
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "idefics3", "smolvlm", "paligemma",
@@ -50,6 +54,7 @@ class VLMPipeline(MMSpecPipeline):
 
     task = "vlm"
     model_types = VLM_MODEL_TYPES
+    default_drafter = "auto"
 
     def __init__(self, model, processor, drafter=None):
         super().__init__(model, processor, drafter=drafter)
@@ -119,7 +124,7 @@ class VLMPipeline(MMSpecPipeline):
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
                 raise InvalidInputError(f"prompt {i} must be a string (got {type(p).__name__})")
-        loaded = _load_all(image_lists, load_image, "image", batched)
+        loaded = _load_all(image_lists, _load_usable_image, "image", batched)
         if any(video_lists) and not self.takes_videos:
             raise InvalidInputError(f"{type(self.model).__name__} takes no video (its processor has no video "
                                     "processor or the model no video token); pass frames as images instead")
@@ -238,6 +243,17 @@ class VLMPipeline(MMSpecPipeline):
                        **generate_kwargs)
         texts = self.decode_new(out.sequences, inputs["input_ids"].shape[1])
         return PipelineOutput(text=texts if batched else texts[0], sequences=out.sequences, stats=out.stats)
+
+
+def _load_usable_image(x):
+    """:func:`load_image`, refusing images with a side under :data:`MIN_IMAGE_SIDE` pixels."""
+    from mmspec.errors import InvalidImageError
+
+    img = load_image(x)
+    if min(img.size) < MIN_IMAGE_SIDE:
+        raise InvalidImageError(f"image is {img.size[0]}x{img.size[1]} pixels; a VLM needs at least "
+                                f"{MIN_IMAGE_SIDE} pixels a side to see anything")
+    return img
 
 
 def _load_all(lists, load, what: str, batched: bool) -> list[list]:

@@ -585,6 +585,12 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
         # last record but before the Markdown), and those this run touched.
         names = [n for n in by_source if not os.path.isfile(markdown_path(out, n, taken))]
         _write_markdown(out, names, store, by_source, taken)
+        if world > 1 and cfg.world_size is None and os.environ.get("MASTER_ADDR"):
+            # launched processes (torchrun): the job's totals once every one has finished its share (rank 0's line)
+            _wait_for_all_ranks()
+            store.refresh()
+            names = [n for n in by_source if not os.path.isfile(markdown_path(out, n, taken))]
+            _write_markdown(out, names, store, by_source, taken)
     finally:
         store.close()
     ids = {it.id for it in items}
@@ -601,6 +607,13 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
         "repetition_guard": cfg.guard_settings.to_dict() if cfg.guard else None,
         "drafter": stats.drafter or (drafter if pipe is not None else None),
     }
+
+
+def _wait_for_all_ranks() -> None:
+    """A barrier across the processes of a launched job (torchrun / accelerate launch), through accelerate."""
+    from accelerate import PartialState
+
+    PartialState(cpu=True).wait_for_everyone()
 
 
 def format_summary(s: dict) -> str:
@@ -623,5 +636,7 @@ def format_summary(s: dict) -> str:
                  f"{s['loops_cut']} loops cut")
     line = (f"parse-docs: {who}{s['decoded']} pages decoded ({s['done_before']} done before), {s['failed']} failed; "
             f"{rate}{tau}{guard}")
+    if s["world_size"] > 1 and s["rank"] != 0:
+        return line  # the job's totals: rank 0's line, written once every rank has finished
     return line + (f"\njob: {s['job_done']}/{s['pages']} pages of {s['documents']} documents done, "
                    f"{s['job_failed']} failed -> {s['out']}")

@@ -6,8 +6,9 @@ are opened only to count their pages, then rendered one page at a time with pypd
 Chrome uses) when the page is decoded. A file that cannot be opened is still a work item: its turn yields
 a clear error, recorded as a failed page, and the job goes on.
 
-Names: an input folder ``scans/`` contributes its files under ``scans/...`` (the input tree, mirrored in the
-Markdown output); an input file contributes its base name.
+Names: an input folder contributes its files by their paths inside it (``a/p1.png``: the input tree, mirrored in
+the Markdown output); with several inputs, each folder's files come under its own name (``scans/a/p1.png``), so
+that two folders stay apart; an input file contributes its base name.
 
 Example:
     >>> import os, tempfile
@@ -15,7 +16,7 @@ Example:
     >>> d = tempfile.mkdtemp(); os.makedirs(os.path.join(d, "scans", "a"))
     >>> Image.new("RGB", (8, 8)).save(os.path.join(d, "scans", "a", "p1.png"))
     >>> [s.name for s in discover([os.path.join(d, "scans")])]
-    ['scans/a/p1.png']
+    ['a/p1.png']
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _supported(path: str) -> bool:
 def discover(inputs, exclude=None) -> list[Source]:
     """The documents under ``inputs`` (files and folders, walked recursively in sorted order).
 
-    In folders, hidden entries and files of other types are skipped, as is the folder ``exclude`` (the job's
+    A document's name is its path relative to the folder it was found in (``scans/a.pdf``); with several inputs,
+    prefixed by that folder's own name. In folders, hidden entries and files of other types are skipped, as is the folder ``exclude`` (the job's
     own output folder, if it lies inside an input). A file named explicitly must be of a supported type.
 
     Raises:
@@ -81,11 +83,13 @@ def discover(inputs, exclude=None) -> list[Source]:
                                     "parent folder instead")
         found[name] = Source(os.path.abspath(path), name)
 
+    inputs = list(inputs)
     for item in inputs:
         item = os.path.expanduser(os.fspath(item))
         if os.path.isdir(item):
             root = os.path.abspath(item)
-            base = os.path.basename(root.rstrip(os.sep)) or "input"
+            # names are relative to the folder; with several inputs, under the folder's own name to keep them apart
+            base = (os.path.basename(root.rstrip(os.sep)) or "input") if len(inputs) > 1 else ""
             for folder, dirs, files in os.walk(root):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".")
                                  and os.path.realpath(os.path.join(folder, d)) != skip)
