@@ -79,6 +79,8 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
     stages = {s: {k: [] for k in STAGES} for s in pipes}
     scores = {s: [] for s in pipes}
     tokens = dict.fromkeys(pipes, 0)
+    rounds = dict.fromkeys(pipes, 0)  # target passes after the prefill, where the system decodes speculatively
+    spec_tokens = dict.fromkeys(pipes, 0)
     texts = {s: [] for s in pipes}
     order = list(pipes)
     for i, ex in enumerate(tqdm(examples, desc="driving", file=sys.stderr, disable=not progress, leave=False)):
@@ -88,6 +90,9 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
             for k in STAGES:
                 stages[s][k].append(res["timings_ms"][k])
             tokens[s] += res["num_decode_tokens"]
+            if "spec_rounds" in res:
+                rounds[s] += res["spec_rounds"]
+                spec_tokens[s] += res["num_decode_tokens"] - 1
             scores[s].append(score_step(res, ex))
             texts[s].append(res["reasoning"])
     dnote = dtype_note(cfg.dtype, model, device) or "run in its stored dtype"
@@ -106,8 +111,18 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
         out.append(rec)
     ar_total = sum(stages["ar"]["total"])
     for rec in out:  # the pooled ratio, as for text systems: sum of AR times over the system's, same items
-        mine = sum(stages[rec["system"]]["total"])
+        s = rec["system"]
+        mine = sum(stages[s]["total"])
         rec["speedup_vs_ar"] = ar_total / mine if mine else None
+        # its robust companion, as for text systems: the median of the per-item ratios (plain_record says 1)
+        rec["speedup_median"] = float(np.median([a / b for a, b in zip(stages["ar"]["total"], stages[s]["total"])
+                                                 if b > 0])) if s != "ar" else 1.0
+        if rounds[s]:
+            # speculative reasoning: tokens committed per target pass after the prefill, and passes per token
+            # (plain greedy makes one per token: the prefill's, then one for each further token)
+            rec["tau"] = spec_tokens[s] / rounds[s]
+            rec["target_forwards"] = rounds[s] + len(examples)
+            rec["forwards_per_token"] = rec["target_forwards"] / tokens[s] if tokens[s] else None
     return out
 
 
