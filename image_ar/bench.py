@@ -1,6 +1,7 @@
 """``mmspec bench --workload images``: the AR image generator, plain and speculative, and the quality of its images.
 
-Systems (``--systems``; default ``ar`` alone, so the quick default bench stays quick): ``ar`` (the plain pipeline, :func:`~.generator.generate_codes`) and
+Systems (``--systems``; default :data:`DEFAULT_SYSTEMS`: ``ar``, ``sjd`` and ``spatial`` when a head ships for the
+generator): ``ar`` (the plain pipeline, :func:`~.generator.generate_codes`) and
 ``sjd`` (Speculative Jacobi Decoding through :func:`mmspec.generate`, :mod:`mmspec.image_ar.sjd`), ``spatial`` (the
 trained spatial head, :mod:`mmspec.image_ar.ssd`; ``spatial:DIR`` another one; ``spatial;rounds=1`` its lossy
 verify-and-correct mode) with its options
