@@ -216,6 +216,8 @@ def _generate(args) -> int:
         if args.model is None:
             raise InvalidInputError("no bundled document model in this install: pass --model PATH")
     _check_text_task(args.model, args.task)
+    if args.image:
+        _check_images(args.model, args.task, args.image)  # a bad image is said before the model loads
     pipe = MMSpecPipeline.from_pretrained(args.model, drafter=drafter, task=args.task, dtype=args.dtype,
                                           device_map=args.device_map, trust_remote_code=args.trust_remote_code)
     kwargs = {}
@@ -264,6 +266,20 @@ def _check_text_task(model: str, task) -> None:
         raise InvalidInputError(f"{model} is a {named} model; `mmspec generate` writes text with a VLM or LM. Use "
                                 f"`mmspec bench --workload {named}` or, in Python, MMSpecPipeline.from_pretrained(...) "
                                 f"(a {cls})")
+
+
+def _check_images(model: str, task, images) -> None:
+    """The image files of a request, checked from their headers by the pipeline that will serve ``model``."""
+    from .errors import UnsupportedModelError
+    from .pipelines import load_target_config
+    from .registry import pipeline_class_for
+
+    try:
+        model_type = None if task is not None else getattr(load_target_config(model), "model_type", None)
+        cls = pipeline_class_for(task=task, model_type=model_type)
+    except UnsupportedModelError:
+        return  # from_pretrained says so, with the full list of what is supported
+    cls.check_request(images=images)
 
 
 def _demo(args) -> int:

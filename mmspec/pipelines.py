@@ -131,6 +131,15 @@ class MMSpecPipeline:
     image pipelines decode plainly unless asked)."""
 
     @classmethod
+    def check_request(cls, images=None, video=None) -> None:
+        """Refuse what a request's files show to be unusable without loading the model (the command line calls it
+        before ``from_pretrained``). Nothing to check by default; the VLM pipeline reads image headers.
+
+        Example:
+            >>> MMSpecPipeline.check_request(images=["page.png"])  # the base class checks nothing
+        """
+
+    @classmethod
     def _default_drafter_for(cls, pipe_cls, drafter):
         return pipe_cls.default_drafter if drafter is DEFAULT_DRAFTER else drafter
 

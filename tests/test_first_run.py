@@ -137,3 +137,33 @@ def test_torchrun_rank_zero_last_line_is_the_whole_job(ending_vlm, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     jobs = [ln for ln in done.stderr.splitlines() if "job: " in ln]  # the summary goes to stderr, as progress does
     assert len(jobs) == 1 and jobs[0].endswith(f"job: 5/5 pages of 5 documents done, 0 failed -> {out}"), done.stderr
+
+
+# ---------------------------------------------------------------------------- mmspec generate
+@pytest.mark.parametrize("name, size, env, message", [
+    ("dot.png", (1, 1), None, "is 1x1 pixels; a VLM needs at least 8 pixels a side"),
+    ("scan.png", (40, 30), "1000", "is 40x30 = 1,200 pixels, over mmspec's limit of 1,000"),
+    ("missing.png", None, None, "image file not found"),
+])
+def test_generate_refuses_a_bad_image_before_the_model_loads(tiny_vlm, tmp_path, monkeypatch, capsys, name, size,
+                                                             env, message):
+    """The image is read from its header (never decoded) and refused before ``from_pretrained`` runs: a 12000 x
+    12000 scan once took 23 s behind Pillow's decompression-bomb warning, a 1 x 1 image decoded silently."""
+    from PIL import Image
+
+    from mmspec import MMSpecPipeline
+    from mmspec.cli import main
+
+    path = tmp_path / name
+    if size is not None:
+        Image.new("RGB", size).save(path)
+    if env is not None:
+        monkeypatch.setenv("MMSPEC_MAX_IMAGE_PIXELS", env)
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded before the image was checked")
+
+    monkeypatch.setattr(MMSpecPipeline, "from_pretrained", boom)
+    assert main(["generate", "--model", tiny_vlm, "--image", str(path), "--prompt", "Describe."]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mmspec: error: ") and err.count("\n") == 1 and message in err, err

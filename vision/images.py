@@ -26,7 +26,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmspec.errors import InvalidImageError
 
-__all__ = ["load_image", "load_images", "max_image_pixels", "MAX_IMAGE_PIXELS_DEFAULT"]
+__all__ = ["load_image", "load_images", "probe_image", "max_image_pixels", "MAX_IMAGE_PIXELS_DEFAULT"]
 
 MAX_IMAGE_PIXELS_DEFAULT = 50_000_000
 """Images with more pixels than this (about 7000 x 7000) are refused before their pixels are decoded: no
@@ -124,6 +124,40 @@ def load_images(images) -> list[Image.Image]:
                 raise InvalidImageError(f"image {i}: {e}") from e
         return out
     return [load_image(images)]
+
+
+def probe_image(path) -> tuple[int, int]:
+    """``(width, height)`` of an image file, read from its header only: the checks of :func:`load_image` that need
+    no pixels (missing, empty or unreadable file, not an image, zero size, over :func:`max_image_pixels`), cheap
+    enough to run on a request before any model loads.
+
+    Raises:
+        InvalidImageError: as :func:`load_image`, for what the header shows.
+
+    Example:
+        >>> import os, tempfile
+        >>> from PIL import Image
+        >>> p = os.path.join(tempfile.mkdtemp(), "page.png"); Image.new("RGB", (40, 30)).save(p)
+        >>> probe_image(p)
+        (40, 30)
+    """
+    path = local_file(path, "image")
+    what = f"image file {path}"
+    try:
+        if path.stat().st_size == 0:
+            raise InvalidImageError(f"image file is empty (0 bytes): {path}")
+        with Image.open(path) as img:  # lazy: the header, not the pixels
+            _check_pil(img, what)
+            size = img.size
+    except InvalidImageError:
+        raise
+    except UnidentifiedImageError as e:
+        raise InvalidImageError(f"{what} is not an image Pillow can read") from e
+    except Image.DecompressionBombError as e:
+        raise InvalidImageError(f"{what} is refused by Pillow as a decompression bomb: {e}") from e
+    except (OSError, ValueError, SyntaxError) as e:
+        raise InvalidImageError(f"{what} is unreadable (truncated or corrupt?): {e}") from e
+    return size  # as stored: EXIF orientations 5-8 swap the sides when load_image applies them
 
 
 # ---------------------------------------------------------------------------- internals

@@ -15,12 +15,14 @@ Example:
 
 from __future__ import annotations
 
+import os
+
 from mmspec.decode import generate
 from mmspec.errors import InvalidInputError, UnsupportedModelError
 from mmspec.pipelines import MMSpecPipeline, PipelineOutput, check_max_new_tokens
 from mmspec.registry import make_drafter
 
-from .images import load_image
+from .images import load_image, probe_image
 from .video import load_video
 
 __all__ = ["VLMPipeline", "VLM_MODEL_TYPES"]
@@ -55,6 +57,21 @@ class VLMPipeline(MMSpecPipeline):
     task = "vlm"
     model_types = VLM_MODEL_TYPES
     default_drafter = "auto"
+
+    @classmethod
+    def check_request(cls, images=None, video=None) -> None:
+        """Image files read from their headers only (missing, unreadable, too small, over the pixel limit), so a bad
+        one is refused before the model loads; the pixels are decoded when the request runs.
+
+        Example:
+            >>> VLMPipeline.check_request(images=["/no/such/page.png"])
+            Traceback (most recent call last):
+            ...
+            mmspec.errors.InvalidImageError: image file not found: /no/such/page.png
+        """
+        paths = [p for p in (images or []) if isinstance(p, (str, bytes, os.PathLike))]
+        for p in paths:
+            _check_side(probe_image(p), f"image file {os.fsdecode(os.fspath(p))}")
 
     def __init__(self, model, processor, drafter=None):
         super().__init__(model, processor, drafter=drafter)
@@ -247,13 +264,17 @@ class VLMPipeline(MMSpecPipeline):
 
 def _load_usable_image(x):
     """:func:`load_image`, refusing images with a side under :data:`MIN_IMAGE_SIDE` pixels."""
+    img = load_image(x)
+    _check_side(img.size)
+    return img
+
+
+def _check_side(size, what: str = "image") -> None:
     from mmspec.errors import InvalidImageError
 
-    img = load_image(x)
-    if min(img.size) < MIN_IMAGE_SIDE:
-        raise InvalidImageError(f"image is {img.size[0]}x{img.size[1]} pixels; a VLM needs at least "
+    if min(size) < MIN_IMAGE_SIDE:
+        raise InvalidImageError(f"{what} is {size[0]}x{size[1]} pixels; a VLM needs at least "
                                 f"{MIN_IMAGE_SIDE} pixels a side to see anything")
-    return img
 
 
 def _load_all(lists, load, what: str, batched: bool) -> list[list]:
