@@ -167,3 +167,19 @@ def test_generate_refuses_a_bad_image_before_the_model_loads(tiny_vlm, tmp_path,
     assert main(["generate", "--model", tiny_vlm, "--image", str(path), "--prompt", "Describe."]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mmspec: error: ") and err.count("\n") == 1 and message in err, err
+
+
+# ---------------------------------------------------------------------------- the test session's cache
+def test_the_session_cache_is_never_the_users_home():
+    """conftest.py points ``MMSPEC_CACHE`` at a temporary folder unless the caller chose one (CI does): what the
+    tests build on first use (the tiny VLM of ``tiny_vlm_path()``, drafters ``"auto"`` looks for) goes there, never
+    into ``~/.cache/mmspec``."""
+    from mmspec.demo import _default_cache_dir
+    from mmspec.drafters.auto import drafter_cache_dir
+
+    cache = os.environ.get("MMSPEC_CACHE")
+    assert cache
+    home = os.path.realpath(os.path.join(os.path.expanduser("~"), ".cache", "mmspec"))
+    for path in (str(_default_cache_dir()), drafter_cache_dir()):
+        assert os.path.realpath(path).startswith(os.path.realpath(cache) + os.sep), path
+        assert not os.path.realpath(path).startswith(home + os.sep), path
