@@ -183,3 +183,29 @@ def test_the_session_cache_is_never_the_users_home():
     for path in (str(_default_cache_dir()), drafter_cache_dir()):
         assert os.path.realpath(path).startswith(os.path.realpath(cache) + os.sep), path
         assert not os.path.realpath(path).startswith(home + os.sep), path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["parse-docs", "IN", "--out", "OUT", "--drafter", "foo"], "unknown drafter kind 'foo'"),
+    (["bench", "--workload", "testbed-docs", "--systems", "ar,foo", "--n", "1"], "foo"),
+])
+def test_an_unknown_drafter_is_refused_before_any_model_or_job_folder(tmp_path, monkeypatch, capsys, argv, message):
+    from PIL import Image
+
+    import mmspec.pipelines
+    from mmspec import MMSpecPipeline
+    from mmspec.cli import main
+
+    (tmp_path / "in").mkdir()
+    Image.new("RGB", (64, 48), "white").save(tmp_path / "in" / "p.png")
+
+    def boom(*a, **k):
+        raise AssertionError("a model was read before the drafter was checked")
+
+    monkeypatch.setattr(mmspec.pipelines, "load_target_config", boom)
+    monkeypatch.setattr(MMSpecPipeline, "from_pretrained", boom)
+    argv = [str(tmp_path / "in") if a == "IN" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mmspec: error: ") and message in err, err
+    assert not (tmp_path / "out").exists()  # no job folder (manifest, pages.jsonl) left behind

@@ -514,7 +514,9 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
     if pipe is None:
         model, drafter = _default_model(cfg.model), (None if cfg.drafter in ("", "none") else cfg.drafter)
         from mmspec.pipelines import load_target_config
+        from mmspec.registry import check_drafter_spec
 
+        check_drafter_spec(drafter)  # an unknown drafter is said before the job folder is written
         load_target_config(model)  # a missing or unreadable model is said before any page is counted
     else:
         model, drafter = getattr(pipe.model, "name_or_path", "") or "<pipeline>", None
