@@ -153,8 +153,9 @@ class SpatialTrainer(Trainer):
         return SpatialDrafter.from_target(model, tokenizer, seed=cfg.seed,
                                           draft_len=int(o.get("draft_len", cfg.num_draft_tokens)), **shape)
 
-    def record(self, cfg, model, inputs, layer_ids) -> dict:
-        """One record per request, sampled in batches: the data stage asks for the workload's items in order, so
+    def record(self, cfg, model, inputs, layer_ids, reference=None) -> dict:
+        """One record per request (image prompts carry no reference answer, so ``reference`` is unused), sampled
+        in batches: the data stage asks for the workload's items in order, so
         the first request of a batch samples the next ``shard_size`` prompts together (one AR loop at batch
         ``shard_size`` instead of that many at batch 1) and later requests are served from that batch."""
         grid = getattr(model.generation_config, "image_grid", None)

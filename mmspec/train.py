@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import inspect
 import json
 import os
 import random
@@ -76,6 +77,12 @@ def register_trainer(kind: str, cls) -> None:
     """Make drafter ``kind`` trainable by ``mmspec train`` with :class:`Trainer` subclass ``cls``."""
     if not isinstance(kind, str) or not kind or ":" in kind:
         raise InvalidInputError(f"a trainer kind must be a non-empty string without ':' (got {kind!r})")
+    # The data stage passes every trainer the item's reference answer; an old-style hook would only fail there,
+    # minutes into a run, so the signature is checked when the kind is registered.
+    params = inspect.signature(cls.record).parameters
+    if "reference" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise InvalidInputError(f"trainer {cls.__name__}.record must accept a 'reference' keyword "
+                                "(the item's reference answer as token ids, or None)")
     _TRAINERS[kind] = cls
 
 

@@ -1,6 +1,7 @@
 """``mmspec train``: config validation, target data on disk (shards, resume), training, checkpoints and resume,
 and a two-process run (torchrun, gloo) on the tiny demo VLM with the docs/charts workloads."""
 
+import inspect
 import json
 import os
 import shutil
@@ -95,6 +96,19 @@ def test_registry():
         train_mod._TRAINERS.pop("eagle-test", None)
     with pytest.raises(InvalidInputError):
         register_trainer("a:b", Mine)
+
+
+def test_every_registered_trainer_takes_the_reference_answer():
+    """The data stage calls record(..., reference=...); a trainer without it is refused at registration."""
+    for kind in trainer_kinds():
+        assert "reference" in inspect.signature(type(get_trainer(kind)).record).parameters, kind
+
+    class Old(EagleTrainer):
+        def record(self, cfg, model, inputs, layer_ids):
+            return {}
+
+    with pytest.raises(InvalidInputError, match="reference"):
+        register_trainer("old-style", Old)
 
 
 def test_cli_user_error(tmp_path, capsys):

@@ -146,6 +146,7 @@ class VisionConfig:
     eval_pages: int = 24
     threads: int = 2
     bf16: bool = True
+    init: str | None = None  # start from these weights: a shipped reader folder or a vision.safetensors
 
 
 def _lr(step: int, cfg) -> float:
@@ -289,6 +290,15 @@ def train_vision(cfg: VisionConfig) -> str:
         opt.load_state_dict(st["opt"])
         step, next_page = int(st["step"]), int(st["next_page"])
         print(f"resumed at step {step} (page {next_page})", file=sys.stderr)
+    elif cfg.init:
+        from safetensors.torch import load_file
+
+        path = os.path.join(cfg.init, "vision.safetensors") if os.path.isdir(cfg.init) else cfg.init
+        weights = {k.removeprefix("model."): v.float() for k, v in load_file(path).items()}
+        model.load_state_dict(weights)
+        # a continued run sees pages the first one did not (its page stream starts elsewhere)
+        next_page = 10_000_000
+        print(f"initialised from {path}", file=sys.stderr)
     ts = Typesetter(tok)
     loader = torch.utils.data.DataLoader(page_stream(lm_dir, next_page, cfg.tiles, cfg.seed), batch_size=None,
                                          num_workers=1, prefetch_factor=4)
@@ -577,6 +587,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--init-lora", help="adapter stage: start from this earlier adapter run")
+    p.add_argument("--init", help="vision stage: start from these weights (a reader folder or vision.safetensors)")
     p.add_argument("--train-connector", action="store_true", default=None,
                    help="adapter stage with --frontend: train the connector end to end too")
     args = p.parse_args(argv)
@@ -592,6 +603,7 @@ def main(argv=None) -> int:
         train_vision(VisionConfig(**kw))
     else:
         kw.pop("tiles", None)
+        kw.pop("init", None)
         train_adapter(AdapterConfig(**kw))
     return 0
 

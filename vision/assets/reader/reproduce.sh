@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The commands that trained the bundled reader (vision/assets/reader) on a 2-core CPU, in order. Each stage is
+# resumable: run it again after a kill and it continues from its last checkpoint (OUT/state.pt).
+set -euo pipefail
+RUNS=${RUNS:-runs}
+# 1. the eyes: vision transformer + connector on labelled token tiles (3,000 steps of ~384 tiles; ~3.5 h here,
+#    under other load). The run was started with --steps 4000 and shortened to 3000 at step 1700 (its cosine
+#    schedule followed the new length from there).
+python -m mmspec.vision.reader.train vision --out "$RUNS/reader-vision" --steps 3000 --tiles 384 --threads 2
+# 2a. the transcription habit on noised target embeddings (stopped after 80 of 600 steps: the loss had settled)
+python -m mmspec.vision.reader.train adapter --out "$RUNS/reader-lora" --steps 600 --batch 4 --threads 1
+# 2b. on the front end's own outputs, the connector trained end to end (250 steps, ~23 min)
+python -m mmspec.vision.reader.train adapter --out "$RUNS/reader-lora-b" --steps 250 --batch 4 --lr 2e-4 \
+    --threads 2 --frontend "$RUNS/reader-vision" --train-connector --init-lora "$RUNS/reader-lora"
+# 3. the shipped folder
+python -m mmspec.vision.reader.train export --vision "$RUNS/reader-vision" --adapter "$RUNS/reader-lora-b" \
+    --out vision/assets/reader
+# 4. the report card (held-out items from index 1000 on, greedy, float32)
+python -m mmspec.vision.reader.evaluate --n 40 --json vision/assets/reader/eval.json
