@@ -331,7 +331,20 @@ def _run_trained_demo(docs, max_new_tokens, prompt, print_fn, dtype="auto"):
     quality = os.path.join(path, "eval.json")
     if os.path.isfile(quality):  # what the target itself is worth, measured when it was bundled
         with open(quality) as f:
-            for line in f:
+            text = f.read()
+        try:
+            card = json.loads(text)  # the reader's report card (mmspec.vision.reader.evaluate): one object
+        except json.JSONDecodeError:
+            card = None  # the testbed's: one JSON object a line
+        if isinstance(card, dict) and "docs" in card:
+            print_fn(f"reader quality on held-out test items (n={card['docs']['n']}, greedy, {card.get('dtype')}): "
+                     f"character error rate docs {card['docs']['cer']:.3f}, charts {card['charts']['cer']:.3f}, "
+                     f"unseen names and numbers {card['heldout']['cer']:.3f}; shown another page's image "
+                     f"{card['shuffled']['cer']:.2f} (it reads the image)")
+        else:
+            for line in text.splitlines():
+                if not line.strip():
+                    continue
                 q = json.loads(line)
                 if "exact_match" in q:
                     print_fn(f"target quality on the {q['workload']} test split (n={q['n']}): exact match "

@@ -100,18 +100,25 @@ def test_subprocess_json_and_exit_codes(tiny_vlm, image_file, tmp_path):
 
 
 def test_demo_on_the_bundled_trained_target(capsys):
-    """`mmspec demo` (what `make demo` runs) on the trained target that ships with the repository."""
-    from mmspec.vision.testbed import bundled_target
+    """`mmspec demo` (what `make demo` runs) on the trained model that ships with the repository: the reader
+    when it ships (its report card printed), else the testbed target."""
+    from mmspec.workloads import get_workload
 
-    if bundled_target() is None:
-        pytest.skip("no trained testbed target in this checkout")
+    reader = get_workload("docs").bundled_model()
+    if reader is None and get_workload("testbed-docs").bundled_model() is None:
+        pytest.skip("no trained document model in this checkout")
     assert main(["demo", "--max-new-tokens", "24"]) == 0
     out = capsys.readouterr().out
     # auto runs the bf16 checkpoint in bf16 where the CPU computes in it natively, in float32 elsewhere
     assert re.search(r"equals model.generate \(greedy, (bfloat16|float32)\): True", out), out
-    assert "testbed-vlm" in out and "wall clock" in out and "dtype: " in out
-    # drafter="auto" picked the shipped head by its validation figures, and the run counts the target's passes
-    assert "auto: chose eagle (bundled)" in out and re.search(r"target passes: model.generate \d+, mmspec \d+", out)
+    assert "wall clock" in out and "dtype: " in out
+    assert re.search(r"target passes: model.generate \d+, mmspec \d+", out)
+    if reader is not None:
+        assert "the bundled reader" in out and re.search(r"character error rate docs 0\.\d+", out), out
+        assert "auto: chose " in out  # and says which drafter, shipped head or the page-lookup fallback
+    else:
+        # drafter="auto" picked the shipped head by its validation figures
+        assert "testbed-vlm" in out and "auto: chose eagle (bundled)" in out
 
 
 @pytest.mark.parametrize("dtype, rc", [("float32", 1), ("bfloat16", 0)])

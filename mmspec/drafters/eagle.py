@@ -269,14 +269,17 @@ class EagleDrafter(TrainableDrafter):
         x = torch.cat([h.to(self.fuse.weight.dtype) for h in per_layer], dim=-1)
         return self.fuse(self.fuse_norm(x))
 
-    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None, start=None):
+    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None, start=None, logits_at=None):
         """Head pass: ``tokens[B, T]``, ``features[B, T, H]`` (feature of the previous position),
         ``positions[B, T]``, ``allowed[B, T, P + T]`` over ``P`` cached keys ``past_k/v[B, h, P, d]`` and the
         new ones -> ``(logits[B, T, V], hidden[B, T, H], k, v)`` (``k, v``: the new positions' keys/values).
-        ``start``: ``past_k/v`` are buffers written in place (see ``_Block.forward``)."""
+        ``start``: ``past_k/v`` are buffers written in place (see ``_Block.forward``). ``logits_at[B, T]``
+        (bool): logits only there, as ``[N, V]`` (training: a VLM prompt's hundreds of unlabelled positions
+        would otherwise dominate the cost of a large vocabulary's head)."""
         x = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))
         h, k, v = self.layer(x, positions, allowed, past_k, past_v, start)
-        return self.lm_head(self.norm(h)).float(), h, k, v
+        out = self.norm(h if logits_at is None else h[logits_at])
+        return self.lm_head(out).float(), h, k, v
 
     # ------------------------------------------------------------------ run-time state
     def _reset_run(self):
@@ -678,17 +681,17 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
             tok_s, feat, pos_s = tok[:, start:], prev[:, :n], pos[:, start:]
         # One layer: earlier steps' keys/values never change, so step s runs only its own block against them.
         allowed = _unroll_mask(valid, s, start)[:, -n:]
-        logits, hid_prev, k, v = drafter(tok_s, feat, pos_s, allowed, past_k, past_v)
-        past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
-        past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
-        lg = logits
         lab_s = lab[:, T - n:].clone()
         # Positions with no committed prefix for this draft depth, or whose earlier drafts were not unrolled.
         lab_s[:, : max(s - 1 - (T - n), s - 2 if s > 2 else 0)] = -100
-        losses.append(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab_s.reshape(-1), ignore_index=-100))
         keep = lab_s != -100
-        hit = (lg.argmax(-1) == lab_s) & keep
-        accs.append(hit.sum().float() / keep.sum().clamp(min=1))
+        # logits only where a label is: the same loss, without the head over the prompt's positions
+        lg, hid_prev, k, v = drafter(tok_s, feat, pos_s, allowed, past_k, past_v, logits_at=keep)
+        past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
+        past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
+        target = lab_s[keep]
+        losses.append(F.cross_entropy(lg, target) if len(target) else lg.sum() * 0.0)
+        accs.append((lg.argmax(-1) == target).sum().float() / keep.sum().clamp(min=1))
     return torch.stack(losses), torch.stack(accs).detach()
 
 

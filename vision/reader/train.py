@@ -441,6 +441,8 @@ def train_adapter(cfg: AdapterConfig) -> str:
     elif cfg.init_lora:
         st = torch.load(os.path.join(cfg.init_lora, "state.pt"), weights_only=True)
         model.load_state_dict(st["lora"], strict=False)
+        if "connector" in st and front is not None:
+            front.connector.load_state_dict(st["connector"])  # a run that trained it end to end goes on from there
         print(f"adapter initialised from {cfg.init_lora} (step {st['step']})", file=sys.stderr)
     ts = Typesetter(tok)
     proc = PageReaderProcessor(tok, image_token=IMAGE_TOKEN)
@@ -586,6 +588,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", type=int)
     p.add_argument("--batch", type=int)
     p.add_argument("--lr", type=float)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--seed", type=int, help="page stream seed (a continued run on new pages: another seed)")
     p.add_argument("--init-lora", help="adapter stage: start from this earlier adapter run")
     p.add_argument("--init", help="vision stage: start from these weights (a reader folder or vision.safetensors)")
     p.add_argument("--train-connector", action="store_true", default=None,

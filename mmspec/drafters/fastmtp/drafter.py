@@ -84,14 +84,14 @@ class FastMTPDrafter(EagleDrafter):
         (h,) = per_layer
         return h.to(self.fc.weight.dtype)
 
-    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None, start=None):
+    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None, start=None, logits_at=None):
         """One pass of the shared block: as :meth:`EagleDrafter.forward <mmspec.drafters.eagle.EagleDrafter.forward>`,
         but ``features`` is a state (the target's last layer, or the block's own output of the step before) and
         the returned hidden state is the post-norm output the LM head reads, which the next step takes in."""
         x = self.fc(torch.cat([self.hidden_norm(features), self.token_norm(self.embed_tokens(tokens))], dim=-1))
         h, k, v = self.layer(x, positions, allowed, past_k, past_v, start)
         out = self.norm(h)
-        return self.lm_head(out).float(), out, k, v
+        return self.lm_head(out if logits_at is None else out[logits_at]).float(), out, k, v
 
 
 def fastmtp_factory(target_model, path=None, untrained=False, **options):

@@ -12,8 +12,11 @@ python -m mmspec.vision.reader.train adapter --out "$RUNS/reader-lora" --steps 6
 # 2b. on the front end's own outputs, the connector trained end to end (250 steps, ~23 min)
 python -m mmspec.vision.reader.train adapter --out "$RUNS/reader-lora-b" --steps 250 --batch 4 --lr 2e-4 \
     --threads 2 --frontend "$RUNS/reader-vision" --train-connector --init-lora "$RUNS/reader-lora"
+# 2c. 300 more steps on new pages (seed 1) from 2b, connector included, at half the learning rate
+python -m mmspec.vision.reader.train adapter --out "$RUNS/reader-lora-c" --steps 300 --batch 4 --lr 1e-4 --warmup 10 \
+    --seed 1 --threads 2 --frontend "$RUNS/reader-vision" --train-connector --init-lora "$RUNS/reader-lora-b"
 # 3. the shipped folder
-python -m mmspec.vision.reader.train export --vision "$RUNS/reader-vision" --adapter "$RUNS/reader-lora-b" \
+python -m mmspec.vision.reader.train export --vision "$RUNS/reader-vision" --adapter "$RUNS/reader-lora-c" \
     --out vision/assets/reader
 # 4. the report card (held-out items from index 1000 on, greedy, float32)
 python -m mmspec.vision.reader.evaluate --n 40 --json vision/assets/reader/eval.json
