@@ -34,16 +34,20 @@ __all__ = ["reader_report", "cer"]
 
 
 def cer(texts, refs) -> dict:
-    """Pooled character error rate and exact match of ``texts`` against ``refs`` (both stripped).
+    """Pooled character error rate and exact match of ``texts`` against ``refs`` (both stripped), and how the
+    errors are spread: the share of them in the worst item, and the items whose own CER is over 0.5 (a loop or
+    a lost page: one such item can outweigh all the others in the pooled rate).
 
     Example:
-        >>> cer(["abc"], ["abd"])
-        {'n': 1, 'cer': 0.3333, 'exact': 0.0}
+        >>> cer(["abc", "xy"], ["abd", "xy"])
+        {'n': 2, 'cer': 0.2, 'exact': 0.5, 'worst_item_share': 1.0, 'items_over_half': 0}
     """
-    errs = sum(edit_distance(t.strip(), r.strip()) for t, r in zip(texts, refs))
-    chars = sum(max(1, len(r.strip())) for r in refs)
-    return {"n": len(refs), "cer": round(errs / max(chars, 1), 4),
-            "exact": round(sum(t.strip() == r.strip() for t, r in zip(texts, refs)) / max(len(refs), 1), 4)}
+    errs = [edit_distance(t.strip(), r.strip()) for t, r in zip(texts, refs)]
+    lens = [max(1, len(r.strip())) for r in refs]
+    return {"n": len(refs), "cer": round(sum(errs) / max(sum(lens), 1), 4),
+            "exact": round(sum(t.strip() == r.strip() for t, r in zip(texts, refs)) / max(len(refs), 1), 4),
+            "worst_item_share": round(max(errs, default=0) / max(sum(errs), 1), 4),
+            "items_over_half": sum(e > 0.5 * n for e, n in zip(errs, lens))}
 
 
 def _decode(pipe, examples, *, images=None, drafter="none", batch: int = 4, max_new_tokens: int = 700,
