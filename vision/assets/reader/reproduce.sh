@@ -20,10 +20,10 @@ python -m mmspec.vision.reader.train export --vision "$RUNS/reader-vision" --ada
     --out vision/assets/reader
 # 4. the report card (held-out items from index 1000 on, greedy, float32)
 python -m mmspec.vision.reader.evaluate --n 40 --json vision/assets/reader/eval.json
-# 5. the EAGLE-3-style baseline on the reader (not shipped: 246 MB with the target's embedding and LM head; the
-#    README's figures are from its step-300 checkpoint, the run stopped there for time)
+# 5. the EAGLE-3-style baseline on the reader (not shipped: 246 MB with the target's embedding and LM head; run
+#    here in two parts: stopped at step 300, then the same command with --resume)
 mmspec train --kind eagle --target vision/assets/reader --workload docs,charts --n-train 320 --max-new-tokens 320 \
     --steps 500 --batch-size 8 --lr 3e-3 --num-draft-tokens 5 --ttt-steps 4 --val-shards 1 --shard-size 32 \
     --save-every 100 --out "$RUNS/reader-eagle" --threads 2
 mmspec bench --model vision/assets/reader --workload docs --n 12 --batch-sizes 1 --max-new-tokens 400 \
-    --systems "ar,page-lookup,eagle:$RUNS/reader-eagle/checkpoints/step-000300" --json vision/assets/reader/bench-docs-bs1.json
+    --systems "ar,page-lookup,eagle:$RUNS/reader-eagle" --json vision/assets/reader/bench-docs-bs1.json
