@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+
 import io
 import os
 from pathlib import Path
@@ -143,20 +145,11 @@ def probe_image(path) -> tuple[int, int]:
     """
     path = local_file(path, "image")
     what = f"image file {path}"
-    try:
-        if path.stat().st_size == 0:
-            raise InvalidImageError(f"image file is empty (0 bytes): {path}")
-        with Image.open(path) as img:  # lazy: the header, not the pixels
-            _check_pil(img, what)
-            size = img.size
-    except InvalidImageError:
-        raise
-    except UnidentifiedImageError as e:
-        raise InvalidImageError(f"{what} is not an image Pillow can read") from e
-    except Image.DecompressionBombError as e:
-        raise InvalidImageError(f"{what} is refused by Pillow as a decompression bomb: {e}") from e
-    except (OSError, ValueError, SyntaxError) as e:
-        raise InvalidImageError(f"{what} is unreadable (truncated or corrupt?): {e}") from e
+    if path.stat().st_size == 0:
+        raise InvalidImageError(f"image file is empty (0 bytes): {path}")
+    with _pil_errors(what), Image.open(path) as img:  # lazy: the header, not the pixels
+        _check_pil(img, what)
+        size = img.size
     return size  # as stored: EXIF orientations 5-8 swap the sides when load_image applies them
 
 
@@ -221,13 +214,11 @@ def _from_path(p) -> Image.Image:
     return _open(io.BytesIO(data), f"image file {path}")
 
 
-def _open(fp, what: str) -> Image.Image:
+@contextlib.contextmanager
+def _pil_errors(what: str):
+    """Pillow's failures on a file as :class:`InvalidImageError` naming ``what`` (header probe and full open)."""
     try:
-        with Image.open(fp) as img:
-            _check_pil(img, what)  # the size comes from the header: a huge scan is refused before decoding
-            img.load()
-            # A camera stores the sensor's pixels and says in EXIF how to turn them; viewers apply it.
-            return _to_rgb(ImageOps.exif_transpose(img))
+        yield
     except InvalidImageError:
         raise
     except UnidentifiedImageError as e:
@@ -236,6 +227,14 @@ def _open(fp, what: str) -> Image.Image:
         raise InvalidImageError(f"{what} is refused by Pillow as a decompression bomb: {e}") from e
     except (OSError, ValueError, SyntaxError) as e:
         raise InvalidImageError(f"{what} is unreadable (truncated or corrupt?): {e}") from e
+
+
+def _open(fp, what: str) -> Image.Image:
+    with _pil_errors(what), Image.open(fp) as img:
+        _check_pil(img, what)  # the size comes from the header: a huge scan is refused before decoding
+        img.load()
+        # A camera stores the sensor's pixels and says in EXIF how to turn them; viewers apply it.
+        return _to_rgb(ImageOps.exif_transpose(img))
 
 
 def _from_array(arr: np.ndarray, channels_first: bool) -> Image.Image:
