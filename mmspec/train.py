@@ -611,7 +611,7 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
     acc.wait_for_everyone()
     if acc.is_main_process:
         drafter = trainer.build_drafter(cfg, model, pipe.tokenizer)
-        drafter.save_pretrained(os.path.join(data_dir, INIT_DIR))
+        drafter.save_pretrained(os.path.join(data_dir, INIT_DIR), with_target_tensors=True)  # fit() needs no target
         shards = [{"file": _shard_name(i), "n_records": min(cfg.shard_size, len(items) - i * cfg.shard_size)}
                   for i in range(n_shards)]
         _atomic_json(index_path, {**settings, "shards": shards,
@@ -656,11 +656,10 @@ def fit(cfg: TrainConfig, accelerator=None):
     """Stage 2: train the drafter from the shards of ``cfg.out/data``; returns the trained drafter (on the CPU,
     eval mode). Resumes from the latest checkpoint when ``cfg.resume``. Needs no target, except on another kind's
     data (:attr:`Trainer.data_from`): the head is built from ``cfg.target``, whose fingerprint must be the data's."""
-    from safetensors.torch import load_file
     from tqdm.auto import tqdm
 
     from .drafters.eagle import warmup_cosine
-    from .drafters.saving import WEIGHTS_NAME
+    from .drafters.saving import saved_state
 
     cfg.validate()
     _set_threads(cfg)
@@ -696,7 +695,7 @@ def fit(cfg: TrainConfig, accelerator=None):
     else:
         drafter = trainer.drafter_cls.from_pretrained(os.path.join(data_dir, INIT_DIR))
     if cfg.init_drafter:
-        start_from = trainer.drafter_cls.from_pretrained(cfg.init_drafter)
+        start_from = trainer.drafter_cls.from_pretrained(cfg.init_drafter, shared=drafter.held_target_tensors())
         if start_from.fingerprint != drafter.fingerprint:
             raise InvalidInputError(f"{cfg.init_drafter} was trained for another target or layers than the data at "
                                     f"{data_dir} ({start_from.fingerprint} vs {drafter.fingerprint})")
@@ -715,7 +714,7 @@ def fit(cfg: TrainConfig, accelerator=None):
     ckpt = latest_checkpoint(cfg.out) if cfg.resume else None
     state = None
     if ckpt is not None:
-        drafter.load_state_dict(load_file(os.path.join(ckpt, WEIGHTS_NAME)))
+        drafter.load_state_dict(saved_state(ckpt, drafter, shared=drafter.held_target_tensors()))
         state = torch.load(os.path.join(ckpt, STATE_NAME), weights_only=True, map_location="cpu")
         start = int(state["step"])
         saved_cfg = os.path.join(cfg.out, "train_config.json")

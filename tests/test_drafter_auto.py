@@ -117,6 +117,30 @@ def test_auto_picks_the_best_matching_validation_tau(head_dir, tmp_path, target,
     assert any("skipped eagle (folder)" in n and "/c:" in n for n in choice.notes)
 
 
+def test_a_head_must_beat_the_fallbacks_measured_tau(head_dir, tmp_path, target, no_cache, monkeypatch):
+    """A checkpoint that names its training-free drafter and that drafter's measured τ (the reader: page lookup,
+    τ ~6 on its pages) keeps it over a shipped head with a lower validation τ, and says why; a better head wins."""
+    from mmspec.drafters.auto import FALLBACK_KEY, FALLBACK_VALIDATION_KEY
+
+    monkeypatch.setattr(target.config, FALLBACK_KEY, "lookup;num_draft_tokens=3", raising=False)
+    monkeypatch.setattr(target.config, FALLBACK_VALIDATION_KEY, {"tau": 4.0, "source": "a test run"}, raising=False)
+    _saved(head_dir, tmp_path / "runs" / "weak", tau=2.4)
+    _saved(head_dir, tmp_path / "runs" / "plain")  # no figures: cannot show it beats the fallback
+    drafter = make_drafter(f"auto:{tmp_path / 'runs'}", target)
+    assert drafter.kind == "lookup" and drafter.num_draft_tokens == 3
+    reasons = {os.path.basename(c.path): c.reason for c in drafter.auto_choice.skipped}
+    assert reasons["weak"] == "validation tau 2.40, not above the fallback lookup;num_draft_tokens=3's tau 4.00 " \
+                              "(a test run)"
+    assert reasons["plain"].startswith("no validation figures, not above")
+    assert drafter.auto_choice.notes[0] == "auto: no saved drafter beats the fallback drafter " \
+                                           "lookup;num_draft_tokens=3; using it"
+    _saved(head_dir, tmp_path / "runs" / "strong", tau=4.5)
+    assert make_drafter(f"auto:{tmp_path / 'runs'}", target).auto_choice.chosen.path == str(tmp_path / "runs" / "strong")
+    # a fallback the user names is not the checkpoint's: its figure does not apply
+    chosen = make_drafter({"kind": "auto", "path": str(tmp_path / "runs" / "weak"), "fallback": "lookup"}, target)
+    assert chosen.auto_choice.chosen.path == str(tmp_path / "runs" / "weak")
+
+
 def test_the_cache_and_ties(head_dir, tmp_path, target, no_cache):
     _saved(head_dir, no_cache / "x", tau=3.0)
     assert drafter_cache_dir() == str(no_cache)

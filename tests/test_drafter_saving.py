@@ -86,3 +86,42 @@ def test_missing_or_wrong_kind(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(mmspec.InvalidInputError, match="'eagle' drafter"):
         LinearHead.from_pretrained(tmp_path)
+
+
+def test_a_saved_head_leaves_the_targets_embeddings_out_and_takes_them_back(tmp_path):
+    """EAGLE's and the block heads' embeddings and LM head are the target's: the saved file holds only a probe of
+    them (a fraction of the size), loading against the target restores them bit for bit in use, loading
+    without a target is refused by name, and a same-shaped model with other embeddings is refused."""
+    from mmspec.drafters.eagle import EagleDrafter
+    from mmspec.drafters.saving import saved_state
+    from mmspec.errors import DrafterMismatchError, InvalidInputError
+    from mmspec.registry import make_drafter
+    from safetensors.torch import load_file
+
+    target = _llama(vocab=512, hidden=16)
+    head = EagleDrafter.from_target(target, seed=0)
+    head.save_pretrained(tmp_path / "slim")
+    head.save_pretrained(tmp_path / "full", with_target_tensors=True)
+    slim = load_file(str(tmp_path / "slim" / "model.safetensors"))
+    assert "embed_tokens.weight" not in slim and "lm_head.weight" not in slim
+    assert slim["target_probe.embed_tokens.weight"].shape == (16, 16)
+    size = lambda p: os.path.getsize(p / "model.safetensors")  # noqa: E731
+    assert size(tmp_path / "slim") < 0.5 * size(tmp_path / "full")
+    cfg = json.loads((tmp_path / "slim" / "config.json").read_text())
+    assert cfg["target_tensors"] == {"embed_tokens.weight": "input", "lm_head.weight": "output"}
+
+    loaded = make_drafter(f"eagle:{tmp_path / 'slim'}", target)
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k].to(v.dtype)), k
+    with pytest.raises(InvalidInputError, match="target's own weights"):
+        EagleDrafter.from_pretrained(tmp_path / "slim")
+    assert EagleDrafter.from_pretrained(tmp_path / "full").fingerprint == head.fingerprint  # whole: no target needed
+    other = _llama(vocab=512, hidden=16, seed=1)  # same fingerprint, other weights
+    with pytest.raises(DrafterMismatchError, match="embed_tokens"):
+        make_drafter(f"eagle:{tmp_path / 'slim'}", other)
+    # a bf16 copy of the target still matches its probe (rounding is far below the tolerance)
+    bf16 = _llama(vocab=512, hidden=16).to(torch.bfloat16)
+    assert make_drafter(f"eagle:{tmp_path / 'slim'}", bf16).embed_tokens.weight.dtype == torch.bfloat16
+    # training's resume path: the head's own copies stand in for the target
+    state = saved_state(tmp_path / "slim", head, shared=head.held_target_tensors())
+    assert set(state) == set(head.state_dict())

@@ -289,7 +289,7 @@ def test_flat_rope_head_saves_loads_and_trains_flat(tmp_path):
     assert torch.equal(a.sequences, b.sequences) and a.stats.tau == b.stats.tau
     del cfg["config"]["rope"]
     (tmp_path / "flat" / "config.json").write_text(json.dumps(cfg))
-    old = GlanceDrafter.from_pretrained(tmp_path / "flat")
+    old = GlanceDrafter.from_pretrained(tmp_path / "flat", target=model)
     assert old.rope == "target" and old.head.n_axes == 3
     trainer = get_trainer("glance")
     with pytest.raises(InvalidInputError, match="rope"):
@@ -328,7 +328,7 @@ def test_text_context_fit_hides_the_image_positions(tmp_path):
     image = rec["tokens"] == model.config.image_token_id
     assert 0 < int(image.sum()) < n and torch.equal(batch["context_visible"][0, :n], ~image)
     head.save_pretrained(tmp_path / "head")
-    assert GlanceDrafter.from_pretrained(tmp_path / "head").context == "text"
+    assert GlanceDrafter.from_pretrained(tmp_path / "head", target=model).context == "text"
 
 
 def test_trees_are_best_first_and_within_budget(perm):

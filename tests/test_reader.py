@@ -107,6 +107,43 @@ def test_lora_merge_equals_the_adapted_forward():
 
 
 # ---------------------------------------------------------------------------------------------- typesetting
+def test_averaged_adapters_merge_to_the_mean_of_the_runs(tmp_path):
+    """Shipping the mean of two adapter runs: the concatenated-rank adapter merges to exactly the mean of the two
+    runs' merged weights, and the end-to-end connectors are averaged."""
+    from safetensors.torch import save_file
+
+    from mmspec.vision.reader.train import average_adapters
+
+    torch.manual_seed(0)
+    base = {"layers.0.q_proj.weight": torch.randn(6, 5)}
+    runs = []
+    for r in range(2):
+        m = torch.nn.Module()
+        m.q_proj = torch.nn.Linear(5, 6)
+        add_lora(m, rank=2, alpha=4.0)
+        torch.nn.init.normal_(m.q_proj.lora_B)
+        d = tmp_path / f"run{r}"
+        d.mkdir()
+        save_file({f"layers.0.{k}": v.contiguous() for k, v in lora_state_dict(m).items()}, str(d / "lora.safetensors"))
+        save_file({"proj.weight": torch.full((2, 2), float(r))}, str(d / "connector.safetensors"))
+        runs.append(str(d))
+    from safetensors.torch import load_file
+
+    lora, connector = average_adapters(runs)
+    want = sum(merge_lora_state(base, load_file(os.path.join(d, "lora.safetensors")))["layers.0.q_proj.weight"]
+               for d in runs) / 2
+    assert lora["layers.0.q_proj.lora_A"].shape == (4, 5)
+    assert torch.allclose(merge_lora_state(base, lora)["layers.0.q_proj.weight"], want, atol=1e-5)
+    assert torch.equal(connector["proj.weight"], torch.full((2, 2), 0.5))
+    lora, connector = average_adapters(runs, [0.75, 0.25])
+    want = sum(x * merge_lora_state(base, load_file(os.path.join(d, "lora.safetensors")))["layers.0.q_proj.weight"]
+               for x, d in zip((0.75, 0.25), runs))
+    assert torch.allclose(merge_lora_state(base, lora)["layers.0.q_proj.weight"], want, atol=1e-5)
+    assert torch.equal(connector["proj.weight"], torch.full((2, 2), 0.25))
+    with pytest.raises(ValueError, match="summing to 1"):
+        average_adapters(runs, [0.5, 0.6])
+
+
 def test_typeset_pages_are_their_markdown_box_for_box(smol_tokenizer):
     from mmspec.vision.reader.train import make_page
 
@@ -301,3 +338,36 @@ def test_the_bundled_reader_reads_held_out_pages_losslessly_at_batch_2(bundled_p
     # the first n tokens of each answer against the same stretch of its reference
     refs = [ex.target[: len(t)] for ex, t in zip(exs, texts)]
     assert cer(texts, refs)["cer"] <= 0.1, list(zip(texts, refs))
+
+
+@pytest.mark.slow
+def test_the_shipped_eagle_head_loads_slim_and_auto_keeps_page_lookup(bundled_pipe):
+    """The EAGLE baseline ships without the reader's embeddings (it takes them from the reader at load); its
+    output is model.generate's token for token; ``auto`` keeps the page lookup, whose measured τ (recorded in
+    reader.json) the head's validation τ does not beat, and says so."""
+    import json
+
+    import mmspec
+    from mmspec.drafters.auto import FALLBACK_VALIDATION_KEY
+    from mmspec.registry import make_drafter
+    from mmspec.vision.reader import bundled_reader
+    from mmspec.workloads import get_workload
+
+    head = os.path.join(bundled_reader(), "drafters", "eagle")
+    if not os.path.isdir(head):
+        pytest.skip("no EAGLE head ships with this reader")
+    config = json.load(open(os.path.join(head, "config.json")))
+    assert set(config["target_tensors"]) == {"embed_tokens.weight", "lm_head.weight"}
+    assert os.path.getsize(os.path.join(head, "model.safetensors")) < 20e6
+    drafter = make_drafter("eagle", bundled_pipe.model)
+    ex = get_workload("docs").example("test", 1001)
+    inputs = bundled_pipe.prepare(images=[ex.images], prompt=[ex.prompt])
+    want = bundled_pipe.model.generate(**inputs, max_new_tokens=48, do_sample=False)
+    got = mmspec.generate(bundled_pipe.model, inputs, drafter=drafter, max_new_tokens=48, do_sample=False)
+    assert torch.equal(got.sequences, want) and got.stats.mean_accepted_length > 1.2
+    bar = getattr(bundled_pipe.model.config, FALLBACK_VALIDATION_KEY)
+    assert bar["tau"] > config["validation"]["tau"]
+    auto = make_drafter("auto;cache=false", bundled_pipe.model)
+    assert auto.kind == "page-lookup"
+    assert any("skipped eagle (bundled)" in n and "not above the fallback page-lookup" in n
+               for n in auto.auto_choice.notes)

@@ -224,7 +224,7 @@ def test_init_drafter_of_another_shape_than_the_options_is_refused(tmp_path):
     d.save_pretrained(tmp_path / "init")
     data = tmp_path / "data"
     (data / "drafter-init").mkdir(parents=True)
-    d.save_pretrained(data / "drafter-init")
+    d.save_pretrained(data / "drafter-init", with_target_tensors=True)  # as the data stage writes it
     (data / "index.json").write_text(json.dumps({"kind": "tiger", "layer_ids": list(d.layer_ids)}))
     cfg = TrainConfig(kind="tiger", target=str(tmp_path), out=str(tmp_path / "out"), data=str(data),
                       init_drafter=str(tmp_path / "init"), num_draft_tokens=3, progress=False,

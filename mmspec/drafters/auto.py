@@ -15,7 +15,8 @@ figures (:mod:`mmspec.drafters.validation`). ``"auto"`` gathers the candidates f
 
 A candidate is skipped, with its reason kept, when its fingerprint does not match the target (model type, sizes,
 layer ids, tokenizer hash where the target's tokenizer can be read), its kind is not registered, its weights
-are missing, or it fails to load. Among the rest the highest validation ``tau`` wins (ties: folder, then cache,
+are missing, or it fails to load, or (when the target's config records the fallback's own measured τ) its
+validation τ does not beat the fallback's. Among the rest the highest validation ``tau`` wins (ties: folder, then cache,
 then bundled, then path); drafters without validation figures come after every measured one. When none is
 left the fallback (``"lookup"``, prompt lookup, by default) is used and the notes say why. The choice is kept on
 the drafter (``drafter.auto_choice``, an :class:`AutoChoice`), logged on the ``mmspec`` logger, and shown by
@@ -38,9 +39,13 @@ from dataclasses import dataclass, field
 from ..errors import DrafterMismatchError, InvalidInputError
 from .saving import WEIGHTS_NAME, check_fingerprint
 
-__all__ = ["Candidate", "AutoChoice", "drafter_cache_dir", "find_candidates", "choose_drafter", "auto_factory"]
+__all__ = ["Candidate", "AutoChoice", "drafter_cache_dir", "find_candidates", "choose_drafter", "auto_factory",
+           "FALLBACK_KEY", "FALLBACK_VALIDATION_KEY"]
 
 logger = logging.getLogger("mmspec")
+
+BELOW_FALLBACK = "not above the fallback"
+"""How a candidate skipped for not beating the fallback's measured τ is marked."""
 
 SOURCES = ("folder", "cache", "bundled")
 """Where candidates come from, in the order that breaks ties of equal validation τ."""
@@ -116,6 +121,8 @@ class AutoChoice:
         """
         if self.chosen is not None:
             lines = [f"auto: chose {self.chosen.describe()}"]
+        elif any(BELOW_FALLBACK in (c.reason or "") for c in self.candidates):
+            lines = [f"auto: no saved drafter beats the fallback drafter {self.fallback}; using it"]
         else:
             lines = [f"auto: no saved drafter matches this target; using the fallback drafter {self.fallback}"]
         lines += [f"auto: skipped {c.kind or 'drafter'} ({c.source}) {c.path}: {c.reason}" for c in self.skipped]
@@ -223,9 +230,13 @@ def _rank_key(c: Candidate):
 
 
 def choose_drafter(target_model, drafter_dir=None, cache_dir: str | None = "default", tokenizer=None,
-                   fallback: str | None = "lookup") -> AutoChoice:
+                   fallback: str | None = "lookup", fallback_validation: dict | None = None) -> AutoChoice:
     """Rank the candidates of :func:`find_candidates` (highest validation τ first; unmeasured ones last) and pick
     the best eligible one; nothing is loaded here (:func:`auto_factory` loads, and moves on if loading fails).
+
+    ``fallback_validation`` (``{"tau": ..., "source": ...}``, what the target's config records under
+    :data:`FALLBACK_VALIDATION_KEY`): the fallback's own measured τ; a saved drafter must beat it to be chosen
+    (the reader's training-free page lookup reaches τ ~6 on its pages, a small head trained here less).
 
     Example:
         >>> choice = choose_drafter(None)
@@ -233,6 +244,13 @@ def choose_drafter(target_model, drafter_dir=None, cache_dir: str | None = "defa
         (True, 'auto: no saved drafter matches this target; using the fallback drafter lookup')
     """
     candidates = find_candidates(target_model, drafter_dir, cache_dir, tokenizer) if target_model is not None else []
+    bar = (fallback_validation or {}).get("tau") if fallback else None
+    if isinstance(bar, (int, float)):
+        where = (fallback_validation or {}).get("source", "measured")
+        for c in candidates:
+            if c.reason is None and (c.tau is None or c.tau <= bar):
+                mine = "no validation figures" if c.tau is None else f"validation tau {c.tau:.2f}"
+                c.reason = f"{mine}, {BELOW_FALLBACK} {fallback}'s tau {bar:.2f} ({where})"
     ranked = sorted((c for c in candidates if c.reason is None), key=_rank_key)
     ranked += [c for c in candidates if c.reason is not None]
     chosen = ranked[0] if ranked and ranked[0].reason is None else None
@@ -242,6 +260,8 @@ def choose_drafter(target_model, drafter_dir=None, cache_dir: str | None = "defa
 FALLBACK_KEY = "mmspec_fallback_drafter"
 """Config key by which a checkpoint names the training-free drafter that suits it (the reader: ``page-lookup``);
 ``"auto"`` falls back to it instead of ``"lookup"`` when no saved drafter matches."""
+FALLBACK_VALIDATION_KEY = "mmspec_fallback_validation"
+"""Config key holding that drafter's measured τ (``{"tau": ..., "source": ...}``): saved drafters must beat it."""
 
 
 def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback=None, tokenizer=None,
@@ -274,13 +294,17 @@ def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback
         raise InvalidInputError("'auto' chooses a drafter for a target: pass the loaded target model")
     if path and drafter_dir is not None:
         raise InvalidInputError(f"'auto:{path}' and drafter_dir={drafter_dir!r} both name a folder; keep one")
+    fallback_validation = None
     if fallback is None:
         named = getattr(getattr(target_model, "config", None), FALLBACK_KEY, None)
         fallback = named if isinstance(named, str) and named else "lookup"
+        if named == fallback:
+            fallback_validation = getattr(target_model.config, FALLBACK_VALIDATION_KEY, None)
     if not isinstance(fallback, str) or fallback.split(";")[0].split(":")[0].strip() == "auto":
         raise InvalidInputError(f"fallback must be a drafter spec other than 'auto', or 'none' (got {fallback!r})")
     fallback = None if fallback == "none" else fallback
-    choice = choose_drafter(target_model, path or drafter_dir, "default" if cache else None, tokenizer, fallback)
+    choice = choose_drafter(target_model, path or drafter_dir, "default" if cache else None, tokenizer, fallback,
+                            fallback_validation if isinstance(fallback_validation, dict) else None)
     drafter = None
     for c in [c for c in choice.candidates if c.reason is None]:
         try:

@@ -466,6 +466,7 @@ class BlockDrafter(TrainableDrafter):
     """
 
     kind = "block"
+    target_tensors = {"head.embed_tokens.weight": "input", "head.lm_head.weight": "output"}
 
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1,), block_size: int = 8, num_layers: int = 2,
                  num_heads: int | None = None, head_dim: int | None = None, intermediate_size: int | None = None,
@@ -547,18 +548,12 @@ class BlockDrafter(TrainableDrafter):
         kw.setdefault("mrope_interleaved", rope["mrope_interleaved"])
         if kw.get("num_heads") is None and kw.get("head_dim") is None:
             kw["head_dim"] = rope["head_dim"]  # the target's head width: its mrope sections fit as they are
-        emb = target.get_input_embeddings().weight
         out = target.get_output_embeddings().weight
         if seed is not None:
             torch.manual_seed(seed)
         drafter = cls(hidden_size=int(text.hidden_size), vocab_size=int(out.shape[0]), layer_ids=layer_ids,
                       fingerprint=target_fingerprint(target, tokenizer, layer_ids), **kw)
-        with torch.no_grad():
-            e = torch.zeros(drafter.head.vocab_size, drafter.head.hidden_size)
-            rows = min(emb.shape[0], e.shape[0])
-            e[:rows] = emb[:rows].detach().float().cpu()
-            drafter.head.embed_tokens.weight.copy_(e)
-            drafter.head.lm_head.weight.copy_(out.detach().float().cpu())
+        drafter.load_target_tensors(target)
         dev = target.device if target.device.type != "meta" else torch.device("cpu")
         return drafter.to(dev).eval()
 

@@ -13,8 +13,9 @@ previous step in place of the (not yet computed) target feature: EAGLE's trick, 
 with the training-time-test unroll (:func:`train_eagle`). The head never sees pixels: an image reaches it
 through the target's fused states at the image positions, so the same head serves text and VLM targets.
 
-The input embedding and the LM head are copies of the target's (frozen), so a saved head is
-self-contained; the fingerprint check guarantees it is only loaded against the same target.
+The input embedding and the LM head are copies of the target's (frozen); a saved head leaves them out and takes
+them from the target when it loads (:attr:`~mmspec.drafters.saving.TrainableDrafter.target_tensors`), and the
+fingerprint check guarantees it is only loaded against the same target.
 
 Run-time state, per original batch row: the head's keys/values of every committed position (its KV cache)
 and the target features that arrived but have not been run through the head yet. Input ``i`` needs the
@@ -173,6 +174,7 @@ class EagleDrafter(TrainableDrafter):
     """
 
     kind = "eagle"
+    target_tensors = {"embed_tokens.weight": "input", "lm_head.weight": "output"}
 
     num_read_layers = 3
     """How many target layers the head reads (a subclass that reads another number overrides this and
@@ -247,19 +249,13 @@ class EagleDrafter(TrainableDrafter):
         n = int(text.num_hidden_layers)
         if any(not 0 <= i <= n for i in layer_ids):
             raise InvalidInputError(f"layer_ids {layer_ids} out of range for a target with {n} layers (0..{n})")
-        emb = target.get_input_embeddings().weight
         head = target.get_output_embeddings().weight
         kw.setdefault("rms_eps", float(getattr(text, "rms_norm_eps", 1e-6)))
         if seed is not None:
             torch.manual_seed(seed)
         drafter = cls(hidden_size=int(text.hidden_size), vocab_size=int(head.shape[0]), layer_ids=layer_ids,
                       fingerprint=target_fingerprint(target, tokenizer, layer_ids), **kw)
-        with torch.no_grad():
-            e = torch.zeros(drafter.vocab_size, drafter.hidden_size)
-            rows = min(emb.shape[0], drafter.vocab_size)
-            e[:rows] = emb[:rows].detach().float().cpu()
-            drafter.embed_tokens.weight.copy_(e)
-            drafter.lm_head.weight.copy_(head.detach().float().cpu())
+        drafter.load_target_tensors(target)
         dev = target.device if target.device.type != "meta" else torch.device("cpu")
         return drafter.to(dev).eval()
 

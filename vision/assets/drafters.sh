@@ -9,7 +9,8 @@
 # Environment: LAYERS (kept target layers, comma-separated).
 #   LAYERS default: EAGLE-3's (low, middle, high) as `mmspec train` picks them. THREADS (torch threads, default
 #   1), DTYPE (bench dtype, default the checkpoint's), N_BENCH (default 48),
-#   VAL (held-out data shards, default 8), SHARD_SIZE (records per shard, default mmspec train's).
+#   VAL (held-out data shards, default 8), SHARD_SIZE (records per shard, default mmspec train's), MAX_NEW
+#   (response tokens per item, default 128; the reader's pages need 448).
 # A smoke run of the whole pipeline: N_BENCH=2 VAL=2 SHARD_SIZE=4 bash vision/assets/drafters.sh TARGET /tmp/d 24 2
 set -euo pipefail
 TARGET=${1:?target folder}
@@ -19,6 +20,7 @@ STEPS=${4:-3000}
 THREADS=${THREADS:-1}
 N_BENCH=${N_BENCH:-48}
 VAL=${VAL:-8}
+MAX_NEW=${MAX_NEW:-128}
 MMSPEC=${MMSPEC:-mmspec}
 PY=${PY:-python}
 mkdir -p "$W"
@@ -32,7 +34,7 @@ fi
 if [ "$N_BENCH" -lt 2 ]; then echo "drafters.sh: N_BENCH must be at least 2" >&2; exit 2; fi
 echo "drafters.sh: target $TARGET, layers $LAYERS, $N items, $STEPS steps, work $W"
 BLOCK='"num_anchors": 64, "num_layers": 2, "anchor_feature": "all"'
-COMMON=(--target "$TARGET" --n-train "$N" --max-new-tokens 128 ${SHARD_SIZE:+--shard-size "$SHARD_SIZE"}
+COMMON=(--target "$TARGET" --n-train "$N" --max-new-tokens "$MAX_NEW" ${SHARD_SIZE:+--shard-size "$SHARD_SIZE"}
         --steps "$STEPS" --batch-size 8 --lr 3e-3 --warmup $((STEPS < 1000 ? STEPS / 10 : 100))
         --val-shards "$VAL" --save-every 250
         --threads "$THREADS" --resume)
@@ -40,7 +42,7 @@ done_() { [ -f "$1/config.json" ] && [ -f "$1/model.safetensors" ]; }
 
 # 1. One data stage, TIGER's records (GLANCE's plus what the router reads): EAGLE and GLANCE train on them too.
 #    Resumable (written shards are kept); a complete data folder returns at once.
-$MMSPEC train --kind tiger --stage data --target "$TARGET" --n-train "$N" --max-new-tokens 128 \
+$MMSPEC train --kind tiger --stage data --target "$TARGET" --n-train "$N" --max-new-tokens "$MAX_NEW" \
     --layer-ids "$LAYERS" --num-draft-tokens 7 --val-shards "$VAL" --threads "$THREADS" --out "$W/data-run" \
     ${SHARD_SIZE:+--shard-size "$SHARD_SIZE"} \
     --options "{$BLOCK, \"visual_top_k\": 32}"
@@ -75,8 +77,8 @@ G="$W/glance-flat"
 SYSTEMS="ar,ceiling,eagle:$W/eagle,glance:$G,glance:$G;branch_k=1,glance:$G;image_features=shuffled"
 SYSTEMS+=",glance:$W/glance-decay,glance:$W/glance-flat-refine,tiger:$W/tiger-distill,tiger:$W/tiger-all"
 SYSTEMS+=",tiger:$W/tiger-policy,tiger:$W/tiger-more"
-$MMSPEC bench --model "$TARGET" --workload docs,charts --n "$N_BENCH" --batch-sizes 1,4 --max-new-tokens 128 \
+$MMSPEC bench --model "$TARGET" --workload docs,charts --n "$N_BENCH" --batch-sizes 1,4 --max-new-tokens "$MAX_NEW" \
     --systems "$SYSTEMS" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"} --json "$W/bench.json" | tee "$W/bench.txt"
-$MMSPEC bench --model "$TARGET" --workload docs,charts --n "$((N_BENCH / 2))" --batch-sizes 1 --max-new-tokens 128 \
+$MMSPEC bench --model "$TARGET" --workload docs,charts --n "$((N_BENCH / 2))" --batch-sizes 1 --max-new-tokens "$MAX_NEW" \
     --systems "ar,glance:$G,glance:$G;rule=sample_then_match,eagle:$W/eagle" --sample default \
     --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"} --json "$W/bench-sample.json" | tee "$W/bench-sample.txt"

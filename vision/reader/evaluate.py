@@ -7,6 +7,9 @@ What it measures (each item decoded once, the text compared with the item's Mark
 * ``heldout``: CER on pages whose names, places and numbers never occur in training;
 * ``shuffled``: CER against each page's own Markdown when the reader is shown *another* item's page (near 1.0
   means it reads the image rather than a memory);
+* ``page_lookup``: the training-free page-lookup drafter's τ on the first half of the docs pages (and how many
+  of its texts equal the reference run's: decoding is lossless); ``--record`` writes it into the reader's
+  ``reader.json`` as the τ a shipped head must beat for ``drafter="auto"`` to choose it;
 * ``tau``: the mean accepted length of a drafter that knows the reference (it proposes the next 8 reference
   tokens after the longest match of the committed text), on the docs pages: how far the reader follows its page
   before it leaves it. Decoding is lossless, so these runs also give the docs CER;
@@ -30,7 +33,7 @@ import torch
 
 from mmspec.inputs import edit_distance
 
-__all__ = ["reader_report", "cer"]
+__all__ = ["reader_report", "cer", "record_fallback_tau"]
 
 
 def cer(texts, refs) -> dict:
@@ -71,6 +74,11 @@ def _decode(pipe, examples, *, images=None, drafter="none", batch: int = 4, max_
         if progress:
             progress(len(texts))
     return texts, stats
+
+
+def _tau(stats) -> float:
+    """Tokens committed per row round, over a run's batches."""
+    return round(sum(s.committed for s in stats) / max(1, sum(s.row_rounds for s in stats)), 3)
 
 
 @torch.no_grad()
@@ -155,8 +163,9 @@ def reader_report(model: str | None = None, *, n: int = 40, n_charts: int | None
 
     texts, stats = _decode(pipe, docs, references=[ex.target for ex in docs], batch=batch, progress=say("docs"))
     report["docs"] = cer(texts, [ex.target for ex in docs])
+    docs_texts = texts
     print_fn(f"  docs {report['docs']}")
-    report["tau_reference_depth8"] = round(sum(s.committed for s in stats) / max(1, sum(s.row_rounds for s in stats)), 3)
+    report["tau_reference_depth8"] = _tau(stats)
     report["docs_samples"] = [{"id": ex.id, "target": ex.target[:300], "text": t[:300]} for ex, t in
                               zip(docs[:3], texts[:3])]
     texts, _ = _decode(pipe, charts, batch=batch, references=[ex.target for ex in charts], progress=say("charts"))
@@ -169,6 +178,10 @@ def reader_report(model: str | None = None, *, n: int = 40, n_charts: int | None
     others = [docs[(k + 1) % m].images[0] for k in range(m)]
     texts, _ = _decode(pipe, docs[:m], images=others, batch=batch, drafter="lookup", progress=say("shuffled"))
     report["shuffled"] = cer(texts, [ex.target for ex in docs[:m]])
+    # the training-free page lookup on the first docs pages: its tau is what "auto" ranks shipped heads against
+    texts_pl, stats = _decode(pipe, docs[:m], batch=batch, drafter="page-lookup", progress=say("page lookup"))
+    report["page_lookup"] = {"n": m, "tau": _tau(stats),
+                             "same_as_reference_run": sum(a == b for a, b in zip(texts_pl, docs_texts[:m]))}
     report["frontend"] = frontend_errors(pipe, docs[: min(n, 16)], pipe.tokenizer)
     natural = ReaderDocsWorkload(spacing="natural").examples("test", m, start=start)
     texts, _ = _decode(pipe, natural, batch=batch, drafter="lookup", progress=say("natural spacing"))
@@ -187,6 +200,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--record", action="store_true",
+                   help="write the page lookup's tau into the reader folder's reader.json (what auto ranks heads by)")
     args = p.parse_args(argv)
     rep = reader_report(args.model, n=args.n, n_charts=args.n_charts, batch=args.batch, dtype=args.dtype,
                         print_fn=lambda s: print(s, file=sys.stderr))
@@ -195,7 +210,34 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
+    if args.record:
+        record_fallback_tau(args.model, rep)
     return 0
+
+
+def record_fallback_tau(model: str | None, report: dict) -> str:
+    """Write ``report``'s page-lookup τ into the reader folder's ``reader.json`` as ``fallback_validation``:
+    ``drafter="auto"`` then chooses a shipped head only when its validation τ is higher. Returns the manifest path.
+
+    Example:
+        >>> record_fallback_tau("vision/assets/reader", reader_report(n=40))    # doctest: +SKIP
+    """
+    import os
+
+    from . import bundled_reader
+    from .model import READER_MANIFEST
+
+    path = os.path.join(model or bundled_reader(), READER_MANIFEST)
+    with open(path) as f:
+        manifest = json.load(f)
+    pl = report["page_lookup"]
+    manifest["fallback_validation"] = {
+        "tau": pl["tau"], "source": f"page lookup on {pl['n']} docs test pages from {report['start']}, greedy, "
+                                    f"{report['dtype']} (python -m mmspec.vision.reader.evaluate)"}
+    with open(path, "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    return path
 
 
 if __name__ == "__main__":

@@ -104,7 +104,8 @@ def assemble_reader(asset_dir: str, out_root: str | None = None, print_fn=None, 
     with open(os.path.join(asset_dir, READER_MANIFEST)) as f:
         manifest = json.load(f)
     lm_dir = smollm2_path(print_fn=print_fn)
-    parts = [os.path.join(asset_dir, manifest["vision_weights"])]
+    # the manifest too: it carries settings the config is built from (the fallback drafter's measured tau)
+    parts = [os.path.join(asset_dir, READER_MANIFEST), os.path.join(asset_dir, manifest["vision_weights"])]
     if manifest.get("lora"):
         parts.append(os.path.join(asset_dir, manifest["lora"]))
     parts.append(os.path.join(lm_dir, "model.safetensors"))
@@ -117,11 +118,13 @@ def assemble_reader(asset_dir: str, out_root: str | None = None, print_fn=None, 
     text_cfg = AutoConfig.from_pretrained(lm_dir).to_dict()
     cfg = reader_config(text_cfg, **manifest["vision"])
     cfg.dtype = dtype
-    from mmspec.drafters.auto import FALLBACK_KEY
+    from mmspec.drafters.auto import FALLBACK_KEY, FALLBACK_VALIDATION_KEY
     from mmspec.workloads import ASSEMBLED_FROM
 
     setattr(cfg, ASSEMBLED_FROM, os.path.abspath(asset_dir))  # its bundled drafters are this checkpoint's
     setattr(cfg, FALLBACK_KEY, "page-lookup")
+    if isinstance(manifest.get("fallback_validation"), dict):  # a shipped head is chosen only if it beats this
+        setattr(cfg, FALLBACK_VALIDATION_KEY, manifest["fallback_validation"])
     lm = load_file(os.path.join(lm_dir, "model.safetensors"))
     state = {}
     for k, v in lm.items():

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 __all__ = ["VisionConfig", "AdapterConfig", "train_vision", "train_adapter", "export_reader", "page_stream", "labelled_page",
-           "target_table", "evaluate_frontend"]
+           "target_table", "evaluate_frontend", "average_adapters"]
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -362,16 +362,21 @@ class AdapterConfig:
     train_connector: bool = False  # with frontend: the connector learns end to end too (the tower stays frozen)
     init_lora: str | None = None  # an earlier stage-2 OUT folder to start the adapter from
     max_page_tokens: int = 420
+    chart_share: float | None = None  # the share of chart pages (None: the page stream's own, about one in six)
 
 
 from .workloads import CHART_PROMPTS, PAGE_PROMPTS  # noqa: E402  (the prompts the reader is asked)
 
 
-def adapter_example(ts, proc, tok, index: int, seed: int = 0, split: str = "train"):
+def adapter_example(ts, proc, tok, index: int, seed: int = 0, split: str = "train", chart_share: float | None = None):
     """One stage-2 example: ``(prompt_ids, page_classes, answer_ids, tiles)`` where ``prompt_ids`` holds image
     tokens at the page's boxes and ``page_classes`` their classes in order (``-1`` for a box of a mis-segmented
-    line: its target is unknown, so the front end's output or a random token's embedding stands there)."""
-    page = make_page(ts, split, index, seed=seed + 1, tokenizer=tok if split == "train" else None)
+    line: its target is unknown, so the front end's output or a random token's embedding stands there).
+    ``chart_share`` draws the page's kind from its own seeded stream (charts more often than the default mix)."""
+    kind = None
+    if chart_share is not None:
+        kind = "chart" if random.Random(f"kind-{seed}-{index}").random() < chart_share else "doc"
+    page = make_page(ts, split, index, seed=seed + 1, tokenizer=tok if split == "train" else None, kind=kind)
     layout, labels = labelled_page(page)
     rng = random.Random(index * 7 + seed)
     prompts = CHART_PROMPTS if page.meta.get("kind") == "chart" else PAGE_PROMPTS
@@ -400,7 +405,7 @@ def train_adapter(cfg: AdapterConfig) -> str:
     torch.set_num_threads(cfg.threads)
     os.makedirs(cfg.out, exist_ok=True)
     _check_config(cfg.out, cfg, ("rank", "alpha", "seed", "batch", "lr", "steps", "frontend", "train_connector",
-                                 "init_lora"))
+                                 "init_lora", "chart_share"))
     if cfg.train_connector and not cfg.frontend:
         raise SystemExit("train_connector needs frontend (the stage-1 run whose connector is trained)")
     lm_dir, tok, E, table = _lm_embeddings()
@@ -455,7 +460,8 @@ def train_adapter(cfg: AdapterConfig) -> str:
             g["lr"] = _lr(step, cfg)
         seqs, lab_rows = [], []
         for b in range(cfg.batch):
-            ids, classes, answer, tiles = adapter_example(ts, proc, tok, step * cfg.batch + b, cfg.seed)
+            ids, classes, answer, tiles = adapter_example(ts, proc, tok, step * cfg.batch + b, cfg.seed,
+                                                          chart_share=cfg.chart_share)
             ids_t = torch.tensor(ids + answer)
             x = emb(ids_t).float()
             pos = (ids_t[:len(ids)] == proc.image_token_id).nonzero().squeeze(1)
@@ -510,11 +516,51 @@ def train_adapter(cfg: AdapterConfig) -> str:
     return cfg.out
 
 
-def export_reader(vision_dir: str, adapter_dir: str | None, out: str, dtype=torch.bfloat16) -> str:
-    """Write a shipped reader folder from a stage-1 run and (optionally) a stage-2 run: ``config.json`` (the
+def average_adapters(runs: list, weights=None) -> tuple[dict, dict | None]:
+    """The exact (weighted) mean of several stage-2 runs' adapters: their LoRA factors concatenated along the rank
+    (each run's ``B`` scaled by its weight, so the merged update is the weighted mean of the runs' updates, at the
+    sum of their ranks) and their end-to-end connectors averaged weight by weight (``None`` when no run trained
+    one). ``weights``: one per run, summing to 1 (default: equal).
+
+    Why: two continuations of one adapter on different page streams (2c on seed 1, 2d on seed 2 with more charts)
+    erred on different items; their mean keeps what each learned (weight averaging of fine-tunes from one start).
+
+    Example:
+        >>> lora, connector = average_adapters(["runs/reader-lora-c", "runs/reader-lora-d"])    # doctest: +SKIP
+    """
+    from safetensors.torch import load_file
+
+    loras = [load_file(os.path.join(r, "lora.safetensors")) for r in runs]
+    w = [1.0 / len(runs)] * len(runs) if weights is None else [float(x) for x in weights]
+    if len(w) != len(runs) or abs(sum(w) - 1.0) > 1e-6 or min(w) < 0:
+        raise ValueError(f"weights must be one per run, non-negative, summing to 1 (got {weights} for {len(runs)} runs)")
+    out = {}
+    for key in loras[0]:
+        if not key.endswith(".lora_A"):
+            continue
+        path = key[: -len(".lora_A")]
+        scales = {float(lo[path + ".scale"]) for lo in loras}
+        if len(scales) != 1:
+            raise ValueError(f"adapters of {runs} have different scales at {path}: {sorted(scales)}")
+        out[key] = torch.cat([lo[key].float() for lo in loras], 0)
+        out[path + ".lora_B"] = torch.cat([lo[path + ".lora_B"].float() * x for lo, x in zip(loras, w)], 1)
+        out[path + ".scale"] = loras[0][path + ".scale"]
+    conns = [os.path.join(r, "connector.safetensors") for r in runs]
+    if not any(os.path.isfile(c) for c in conns):
+        return out, None
+    if not all(os.path.isfile(c) for c in conns):
+        raise ValueError(f"some of {runs} trained the connector and some did not; average like with like")
+    states = [load_file(c) for c in conns]
+    return out, {n: sum(st[n].float() * x for st, x in zip(states, w)) for n in states[0]}
+
+
+def export_reader(vision_dir: str, adapter_dir, out: str, dtype=torch.bfloat16, adapter_weights=None) -> str:
+    """Write a shipped reader folder from a stage-1 run and (optionally) stage-2 runs: ``config.json`` (the
     ``Idefics3Config``), ``reader.json`` (manifest: vision shape, weight files, the LM's package and digest, the
     runs' settings and last evals), ``vision.safetensors``, ``lora.safetensors`` and ``tokenizer/``; returns
-    ``out``. The LM's own weights are never written here (:func:`~.model.assemble_reader` joins them).
+    ``out``. ``adapter_dir``: one stage-2 run, or a list of runs whose adapters are averaged
+    (:func:`average_adapters`, with ``adapter_weights``). The LM's own weights are never written here (:func:`~.model.assemble_reader`
+    joins them).
 
     Example:
         >>> export_reader("runs/reader-vision", "runs/reader-lora", "vision/assets/reader")   # doctest: +SKIP
@@ -529,21 +575,26 @@ def export_reader(vision_dir: str, adapter_dir: str | None, out: str, dtype=torc
         vcfg = json.load(f)
     vision = {"hidden": vcfg["hidden"], "layers": vcfg["layers"], "heads": vcfg["heads"]}
     os.makedirs(out, exist_ok=True)
+    runs = [adapter_dir] if isinstance(adapter_dir, str) else list(adapter_dir or [])
 
     def cast(d):
         return {k: v.to(dtype).contiguous() if v.is_floating_point() and v.ndim else v.contiguous() for k, v in d.items()}
 
     vision_state = load_file(os.path.join(vision_dir, "vision.safetensors"))
-    if adapter_dir and os.path.isfile(os.path.join(adapter_dir, "connector.safetensors")):
-        vision_state.update(load_file(os.path.join(adapter_dir, "connector.safetensors")))  # trained end to end
+    lora, connector = average_adapters(runs, adapter_weights) if runs else (None, None)
+    if connector is not None:
+        vision_state.update(connector)  # trained end to end
     save_file(cast(vision_state), os.path.join(out, "vision.safetensors"))
     manifest = {"vision": vision, "vision_weights": "vision.safetensors", "lora": None,
                 "lm": {"package": LM_PACKAGE, "gguf": GGUF_NAME, "sha256": GGUF_SHA256},
                 "training": {"vision": _summary(vision_dir)}}
-    if adapter_dir:
-        save_file(cast(load_file(os.path.join(adapter_dir, "lora.safetensors"))), os.path.join(out, "lora.safetensors"))
+    if runs:
+        save_file(cast(lora), os.path.join(out, "lora.safetensors"))
         manifest["lora"] = "lora.safetensors"
-        manifest["training"]["adapter"] = _summary(adapter_dir)
+        summaries = [_summary(r) for r in runs]
+        manifest["training"]["adapter"] = summaries[0] if len(runs) == 1 else \
+            {"average_of": summaries, "weights": adapter_weights or [1 / len(runs)] * len(runs),
+             "how": "weighted mean of the runs' adapter updates (ranks concatenated) and connectors"}
     lm_dir = smollm2_path()
     cfg = reader_config(AutoConfig.from_pretrained(lm_dir).to_dict(), **vision)
     cfg.dtype = "bfloat16"
@@ -581,7 +632,9 @@ def main(argv=None) -> int:
     p.add_argument("stage", choices=["vision", "adapter", "export"])
     p.add_argument("--out", required=True, help="the run's folder (export: the reader folder to write)")
     p.add_argument("--vision", help="export: the stage-1 run")
-    p.add_argument("--adapter", help="export: the stage-2 run")
+    p.add_argument("--adapter", action="append",
+                   help="export: the stage-2 run (repeat it to ship the average of several runs' adapters)")
+    p.add_argument("--adapter-weights", help="export: comma-separated weights of the --adapter runs (default equal)")
     p.add_argument("--steps", type=int)
     p.add_argument("--threads", type=int)
     p.add_argument("--frontend", help="adapter stage: a stage-1 folder whose outputs replace the noised targets")
@@ -592,15 +645,18 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, help="page stream seed (a continued run on new pages: another seed)")
     p.add_argument("--init-lora", help="adapter stage: start from this earlier adapter run")
     p.add_argument("--init", help="vision stage: start from these weights (a reader folder or vision.safetensors)")
+    p.add_argument("--chart-share", type=float, help="adapter stage: the share of chart pages (default: about 1 in 6)")
     p.add_argument("--train-connector", action="store_true", default=None,
                    help="adapter stage with --frontend: train the connector end to end too")
     args = p.parse_args(argv)
     if args.stage == "export":
         if not args.vision:
             p.error("export needs --vision RUN")
-        print(export_reader(args.vision, args.adapter, args.out))
+        weights = [float(x) for x in args.adapter_weights.split(",")] if args.adapter_weights else None
+        print(export_reader(args.vision, args.adapter, args.out, adapter_weights=weights))
         return 0
-    kw = {k: v for k, v in vars(args).items() if v is not None and k not in ("stage", "vision", "adapter")}
+    kw = {k: v for k, v in vars(args).items()
+          if v is not None and k not in ("stage", "vision", "adapter", "adapter_weights")}
     if args.stage == "vision":
         for k in ("frontend", "batch", "init_lora", "train_connector"):
             kw.pop(k, None)

@@ -290,7 +290,7 @@ class TigerTrainer(GlanceTrainer):
             return TigerDistillLoss(drafter, decay, opts["kl_weight"])
         from .drafter import TigerDrafter
 
-        reference = TigerDrafter.from_pretrained(cfg.init_drafter)
+        reference = TigerDrafter.from_pretrained(cfg.init_drafter, shared=drafter.held_target_tensors())
         if reference.fingerprint != drafter.fingerprint:
             raise InvalidInputError(f"{cfg.init_drafter} was trained for another target than this run's data")
         return TigerPolicyLoss(drafter, reference, decay, opts["group"], opts["kl_ref"])
