@@ -112,15 +112,9 @@ def edit_distance(a: str, b: str) -> int:
         >>> edit_distance("kitten", "sitting")
         3
     """
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
+    from rapidfuzz.distance import Levenshtein
+
+    return int(Levenshtein.distance(a, b))
 
 
 def text_quality(texts, references) -> dict | None:

@@ -184,3 +184,26 @@ def test_generate_inputs_refuses_answers_to_other_requests_under_the_same_id(tin
     with pytest.raises(InvalidInputError, match="the requests file itself"):
         generate_requests(pipe, reqs, requests_file, progress=False, max_new_tokens=3)
     assert generate_requests(pipe, reqs[:1], out, progress=False, max_new_tokens=3)["skipped"] == 1
+
+
+def test_edit_distance_is_levenshtein_on_unicode_and_lines():
+    """rapidfuzz's Levenshtein against the textbook dynamic programme, on strings with accents, pipes and
+    newlines (what pages and tables hold), empty strings included."""
+    import random
+
+    from mmspec.inputs import edit_distance
+
+    def textbook(a, b):
+        prev = list(range(len(b) + 1))
+        for i, ca in enumerate(a, 1):
+            cur = [i]
+            for j, cb in enumerate(b, 1):
+                cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+            prev = cur
+        return prev[-1]
+
+    rng = random.Random(0)
+    for _ in range(200):
+        a, b = ("".join(rng.choice("ab é|\n") for _ in range(rng.randint(0, 30))) for _ in range(2))
+        assert edit_distance(a, b) == textbook(a, b)
+    assert edit_distance("", "") == 0 and edit_distance("kitten", "sitting") == 3

@@ -323,8 +323,10 @@ def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback
                                     + "".join(f"; {c.path}: {c.reason}" for c in choice.skipped))
         choice.fallback = fallback
         drafter = make_drafter(fallback, target_model)
+        # a fallback that beat the saved heads on its measured tau is a choice, not a warning
+        log = logger.info if any(BELOW_FALLBACK in (c.reason or "") for c in choice.candidates) else logger.warning
         for line in choice.notes:
-            logger.warning(line)
+            log(line)
     else:
         for line in choice.notes:
             logger.info(line)

@@ -68,10 +68,11 @@ class ParseConfig:
     Attributes:
         inputs: files and folders of images (PNG, JPEG, TIFF, WebP) and PDFs.
         out: output folder (created): ``pages.jsonl``, ``manifest.json``, ``markdown/<input tree>.md``.
-        model: target checkpoint (default: the bundled testbed target).
+        model: target checkpoint (default: the bundled reader; in a checkout without it, the testbed target).
         drafter: a drafter spec, as :func:`mmspec.registry.make_drafter` takes; ``"auto"`` (default): the saved
-            drafter with the best validation τ for the target (:mod:`mmspec.drafters.auto`: the bundled EAGLE head
-            for the bundled target), else ``lookup``; ``None`` / ``"none"``: plain decoding.
+            drafter with the best validation τ for the target (:mod:`mmspec.drafters.auto`), else the fallback the
+            target names (the reader's page lookup, which its shipped heads do not beat) or ``lookup``;
+            ``None`` / ``"none"``: plain decoding.
         prompt: the instruction sent with each page (default :func:`default_prompt`).
         batch_size: pages decoded together.
         max_new_tokens: token cap per page; ``None``: the room the context window leaves (pages are decoded
