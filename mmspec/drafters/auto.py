@@ -44,9 +44,6 @@ __all__ = ["Candidate", "AutoChoice", "drafter_cache_dir", "find_candidates", "c
 
 logger = logging.getLogger("mmspec")
 
-BELOW_FALLBACK = "not above the fallback"
-"""How a candidate skipped for not beating the fallback's measured τ is marked."""
-
 SOURCES = ("folder", "cache", "bundled")
 """Where candidates come from, in the order that breaks ties of equal validation τ."""
 
@@ -76,6 +73,7 @@ class Candidate:
             options included).
         validation: its config's validation block (``None``: not measured).
         reason: why it was skipped (``None``: eligible).
+        below_fallback: skipped because its validation τ does not beat the fallback's measured one.
     """
 
     path: str
@@ -84,6 +82,7 @@ class Candidate:
     spec: str | dict = ""
     validation: dict | None = None
     reason: str | None = None
+    below_fallback: bool = False
 
     @property
     def tau(self) -> float | None:
@@ -107,6 +106,11 @@ class AutoChoice:
     fallback: str | None = None
 
     @property
+    def fallback_won(self) -> bool:
+        """The fallback was used because it beat the saved drafters' validation τ (a choice, not a miss)."""
+        return self.chosen is None and any(c.below_fallback for c in self.candidates)
+
+    @property
     def skipped(self) -> list:
         """The candidates left out, each with its ``reason``."""
         return [c for c in self.candidates if c.reason is not None]
@@ -121,7 +125,7 @@ class AutoChoice:
         """
         if self.chosen is not None:
             lines = [f"auto: chose {self.chosen.describe()}"]
-        elif any(BELOW_FALLBACK in (c.reason or "") for c in self.candidates):
+        elif self.fallback_won:
             lines = [f"auto: no saved drafter beats the fallback drafter {self.fallback}; using it"]
         else:
             lines = [f"auto: no saved drafter matches this target; using the fallback drafter {self.fallback}"]
@@ -244,13 +248,15 @@ def choose_drafter(target_model, drafter_dir=None, cache_dir: str | None = "defa
         (True, 'auto: no saved drafter matches this target; using the fallback drafter lookup')
     """
     candidates = find_candidates(target_model, drafter_dir, cache_dir, tokenizer) if target_model is not None else []
-    bar = (fallback_validation or {}).get("tau") if fallback else None
+    measured = fallback_validation or {}
+    bar = measured.get("tau") if fallback else None
     if isinstance(bar, (int, float)):
-        where = (fallback_validation or {}).get("source", "measured")
+        where = measured.get("source", "measured")
         for c in candidates:
             if c.reason is None and (c.tau is None or c.tau <= bar):
                 mine = "no validation figures" if c.tau is None else f"validation tau {c.tau:.2f}"
-                c.reason = f"{mine}, {BELOW_FALLBACK} {fallback}'s tau {bar:.2f} ({where})"
+                c.reason = f"{mine}, not above the fallback {fallback}'s tau {bar:.2f} ({where})"
+                c.below_fallback = True
     ranked = sorted((c for c in candidates if c.reason is None), key=_rank_key)
     ranked += [c for c in candidates if c.reason is not None]
     chosen = ranked[0] if ranked and ranked[0].reason is None else None
@@ -298,13 +304,13 @@ def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback
     if fallback is None:
         named = getattr(getattr(target_model, "config", None), FALLBACK_KEY, None)
         fallback = named if isinstance(named, str) and named else "lookup"
-        if named == fallback:
-            fallback_validation = getattr(target_model.config, FALLBACK_VALIDATION_KEY, None)
+        measured = getattr(target_model.config, FALLBACK_VALIDATION_KEY, None) if named == fallback else None
+        fallback_validation = measured if isinstance(measured, dict) else None
     if not isinstance(fallback, str) or fallback.split(";")[0].split(":")[0].strip() == "auto":
         raise InvalidInputError(f"fallback must be a drafter spec other than 'auto', or 'none' (got {fallback!r})")
     fallback = None if fallback == "none" else fallback
     choice = choose_drafter(target_model, path or drafter_dir, "default" if cache else None, tokenizer, fallback,
-                            fallback_validation if isinstance(fallback_validation, dict) else None)
+                            fallback_validation)
     drafter = None
     for c in [c for c in choice.candidates if c.reason is None]:
         try:
@@ -324,7 +330,7 @@ def auto_factory(target_model, path=None, drafter_dir=None, cache=True, fallback
         choice.fallback = fallback
         drafter = make_drafter(fallback, target_model)
         # a fallback that beat the saved heads on its measured tau is a choice, not a warning
-        log = logger.info if any(BELOW_FALLBACK in (c.reason or "") for c in choice.candidates) else logger.warning
+        log = logger.info if choice.fallback_won else logger.warning
         for line in choice.notes:
             log(line)
     else:
