@@ -449,8 +449,12 @@ class FlashDriveEngine:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Forget the stream (a new clip); the vision cache is content-addressed and stays."""
+        """Forget the stream (a new clip) and the drafter's memory of earlier ticks (a new drive must not be drafted
+        from the last drive's reasoning: exact either way, but it would flatter the first tick's latency); the vision
+        cache is content-addressed and stays."""
         self._stream = None
+        if self.drafter is not None:
+            self.drafter.forget()
 
     def _load_drafter(self, config: FlashDriveConfig):
         """``(drafter or None, note)``: the reasoning drafter ``config`` asks for, bound to the backbone."""

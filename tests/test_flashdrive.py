@@ -316,6 +316,10 @@ def test_reasoning_reuse_drafts_the_last_ticks_reasoning_and_falls_back_exactly(
     got = _step(spec, world, 21)
     assert got["tokens"] == ref["tokens"] and np.allclose(got["trajectories"], ref["trajectories"], atol=1e-4)
     assert got["spec_rounds"] >= 2 and stats["reuse_rounds"] == 2 and stats["fallback_starts"] == 2
+    spec.reset()  # a new drive: nothing of the last one's reasoning is drafted again
+    assert spec.engine.drafter.previous == []
+    got = _step(spec, world, 21)
+    assert got["tokens"] == ref["tokens"] and stats["reuse_rounds"] == 2 and stats["fallback_starts"] == 3  # no reuse round
     off = _pipe(vla, {**SPEC, "drafter": _glance(vla), "reuse_reasoning": False})
     assert "last tick" not in off.engine.describe()
 
