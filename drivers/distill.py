@@ -1,7 +1,7 @@
 """Few-step distillation of the driving VLA's flow-matching action expert: the action stage with fewer head calls.
 
 The expert integrates its flow with ``num_steps`` (10) Euler steps, one expert call each, and that is most of a
-FlashDrive tick (``drivers/assets/drive-sim/README.md``). Reusing velocities (the step cache) or integrating with
+FlashDrive tick (``results/drivers/drive-sim/README.md``). Reusing velocities (the step cache) or integrating with
 fewer uniform steps from the same expert both drift from the 10-step trajectory. Here a *student* copy of the
 expert learns to land, in ``student_steps`` Euler steps, where the teacher's 10 steps land from the same noise
 (direct trajectory distillation, as in Luhman & Luhman 2021 and progressive distillation, Salimans & Ho 2022, in

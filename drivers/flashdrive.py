@@ -18,7 +18,7 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
   velocity of the flow-matching head on some Euler steps (adaptive threshold or fixed schedule).
 * **few-step expert** (``fewstep``, approximate): the flow head integrates with a student of the action
   expert distilled into 2 Euler steps (:mod:`mmspec.drivers.distill`) instead of the VLA's own 10-step expert:
-  fewer head calls than the step cache at less drift from the 10-step trajectory (``drivers/assets/drive-sim``).
+  fewer head calls than the step cache at less drift from the 10-step trajectory (``results/drivers/drive-sim``).
   A VLA folder may ship its student (``fewstep/``); FlashDrive then uses it by default (``expert="auto"``) in
   place of the step cache; ``expert=None`` keeps the VLA's own expert, ``expert=DIR`` takes another student.
 * **speculative reasoning** (``spec``, exact): a block drafter (a GLANCE head, ``mmspec train --kind glance
@@ -76,7 +76,7 @@ MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec
 
 DRAFTER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-drafter")
 """The bundled reasoning drafter (a GLANCE block head trained with ``mmspec train`` on the bundled VLA's own greedy
-reasoning over the driving world; ``drivers/assets/reproduce.sh``)."""
+reasoning over the driving world; ``results/drivers/reproduce.sh``)."""
 
 
 class StreamBreakError(InvalidInputError):

@@ -3,7 +3,7 @@
 #   bash kernels/gpu_check.sh [OUT_DIR]
 # Through the device tool: the checkout must travel in 64 MiB and its tracked files alone were 64.4 MiB on
 # 2026-12-02; the kernels read none of the bundled weights: move the three largest out for the call (see the
-# recipe at the top of vision/assets/train_gpu.sh), run(command="bash kernels/gpu_check.sh $OUT", timeout_s=600),
+# recipe at the top of results/vision/train_gpu.sh), run(command="bash kernels/gpu_check.sh $OUT", timeout_s=600),
 # then move them back.
 # 1. the kernels' tests (interpreter on CPU tensors, as CI runs them; the CUDA build test included);
 # 2. python -m mmspec.kernels.bench: every compiled kernel against its reference on the GPU (bf16 included),

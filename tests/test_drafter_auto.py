@@ -244,7 +244,7 @@ def test_fit_writes_the_validation_block_auto_ranks_by(tiny_vlm, tmp_path, targe
 
 
 def test_the_bundled_target_gets_its_shipped_head(no_cache):
-    """The shipped EAGLE head carries its validation figures (vision/assets/README.md says how they were written),
+    """The shipped EAGLE head carries its validation figures (results/vision/README.md says how they were written),
     so "auto" on the bundled target loads it."""
     from mmspec.vision.testbed import bundled_eagle, bundled_target
 

@@ -624,7 +624,7 @@ def test_cuda_training_in_bf16_saves_float32_and_resumes_on_the_cpu(tiny, tmp_pa
 
 @pytest.mark.slow
 def test_train_gpu_script_round_trip_on_the_cpu(tiny, tmp_path):
-    """vision/assets/train_gpu.sh as a future GPU session runs it, with DEVICE=cpu: prepare a carry folder from a
+    """results/vision/train_gpu.sh as a future GPU session runs it, with DEVICE=cpu: prepare a carry folder from a
     checkpoint, train it for a tiny budget (a stop and a save, as on the device), pack the result into <= 15 MiB
     parts, and unpack them into a checkpoint that loads in float32 and names the probes a run with --init reads.
     A carry prepared with other fonts stops the training process before any work (exit 2, nothing packed)."""
@@ -637,7 +637,7 @@ def test_train_gpu_script_round_trip_on_the_cpu(tiny, tmp_path):
     model.save_pretrained(tmp_path / "src")
     proc.save_pretrained(tmp_path / "src")
     repo = Path(__file__).resolve().parents[1]
-    script = str(repo / "vision" / "assets" / "train_gpu.sh")
+    script = str(repo / "results" / "vision" / "train_gpu.sh")
     env = dict(os.environ, PY=sys.executable, CARRY=str(tmp_path / "carry"), WHEEL="0", OMP_NUM_THREADS="1",
                DEVICE="cpu", MINUTES="0.02", WORKERS="1", OUT=str(tmp_path / "out"), RUN_DIR=str(tmp_path / "run"))
     (tmp_path / "out").mkdir()

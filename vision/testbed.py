@@ -418,7 +418,7 @@ PROBES = ("reader", "locator", "speller", "relay")
 def load_probes(path: str, missing_ok: bool = False) -> dict:
     """The training probes (:data:`PROBES`: patch reader, locator, speller, relay; state dicts, on the CPU) of a
     checkpoint folder: its ``state.pt`` (a training run's: optimizer and step are left out), else its ``probes.pt``
-    (what :func:`save_probes` writes, e.g. ``vision/assets/train_gpu.sh``). ``path`` may also name the file.
+    (what :func:`save_probes` writes, e.g. ``results/vision/train_gpu.sh``). ``path`` may also name the file.
 
     Loaded with ``weights_only=True`` and ``map_location="cpu"``: a checkpoint written on a GPU reads here.
     Neither file: :class:`~mmspec.errors.InvalidInputError`, or ``{}`` with ``missing_ok``.
@@ -465,7 +465,7 @@ def save_probes(probes: dict, path: str) -> str:
 def _ordered_reader(probes: dict, hidden: int, merge: int, where: str = "the checkpoint") -> PatchReader:
     """The ``"ordered"`` patch reader among ``probes`` (:func:`load_probes`), built and loaded; a clear
     :class:`~mmspec.errors.InvalidInputError` when there is none (a softmax or bce reader has ``merge**2`` x 95
-    outputs, an ordered one ``slots`` x 96). Used by the probe scripts under ``vision/assets/probes``."""
+    outputs, an ordered one ``slots`` x 96). Used by the probe scripts under ``results/vision/probes``."""
     from mmspec.errors import InvalidInputError
 
     if "reader" not in probes:
@@ -764,7 +764,7 @@ def train_target(cfg: TargetTrainConfig, progress: bool = True) -> str:
         if os.path.isfile(os.path.join(cfg.init, "train_config.json")):
             with open(os.path.join(cfg.init, "train_config.json")) as f:
                 init_loss = json.load(f).get("aux_loss", "bce")
-        # probes.pt: the probes alone, what vision/assets/train_gpu.sh brings back (its state.pt is too big).
+        # probes.pt: the probes alone, what results/vision/train_gpu.sh brings back (its state.pt is too big).
         saved = load_probes(cfg.init, missing_ok=True)
         if "locator" in saved:  # whatever the reader; its optimizer state stays behind: a new run gets a fresh one
             locator.load_state_dict(saved["locator"])

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 33 on the reader: ONE data stage (TIGER's records, which GLANCE and EAGLE also train on), then the heads.
+# Every step is resumable: run the script again after a stop and it continues (written shards are kept, fits
+# resume from OUT/checkpoints). Usage: bash results/vision/reader/drafters.sh [WORKDIR]
+set -euo pipefail
+W=${1:-runs/reader-drafters}
+MMSPEC=${MMSPEC:-mmspec}
+BLOCK='"num_anchors": 64, "num_layers": 2, "anchor_feature": "all"'
+# 1. the reader's own greedy answers on 800 training items (400 docs pages, 400 charts), up to 448 tokens, and its
+#    hidden states at layers 2 / 15 / 29 (EAGLE-3's low / mid / high); one held-out shard of 32 records.
+#    ~34 min on the 2-core CPU, 800 MB.
+$MMSPEC train --kind tiger --stage data --target vision/assets/reader --n-train 800 --max-new-tokens 448 \
+    --layer-ids 2,15,29 --num-draft-tokens 7 --val-shards 1 --shard-size 32 --threads 2 --out "$W/data-run" \
+    --options "{$BLOCK, \"visual_top_k\": 32}" --no-progress
+# 2. GLANCE, blocks of 8, the flat loss (~9.4 s a step here)
+$MMSPEC train --kind glance --stage fit --data "$W/data-run/data" --target vision/assets/reader --steps 400 \
+    --batch-size 8 --lr 3e-3 --warmup 40 --val-shards 1 --save-every 50 --layer-ids 2,15,29 --num-draft-tokens 7 \
+    --options "{$BLOCK, \"loss_decay\": 1.0}" --threads 2 --out "$W/glance" --resume
