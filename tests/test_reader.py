@@ -182,6 +182,29 @@ def test_segmentation_finds_the_typeset_boxes(smol_tokenizer):
     assert exact >= n - 1, f"{exact}/{n} pages segmented box for box"
 
 
+def test_segmented_rows_cut_pages_into_whole_lines_that_assemble_back(smol_tokenizer):
+    """Hierarchical decoding on the reader: rows of at most 3 whole lines of one block, each with its line count
+    and joiner; the typeset lines of each row, assembled, are the page's Markdown on nearly every page."""
+    from mmspec.vision.documents.hierarchical import SegmentedRows, assemble
+    from mmspec.vision.reader.train import make_page
+
+    ts = Typesetter(smol_tokenizer)
+    exact = total = 0
+    for i in range(40):
+        page = make_page(ts, "test", 500 + i)
+        if page.meta.get("kind") == "chart":  # a chart is one table, not blocks to read side by side
+            continue
+        rows = SegmentedRows(lines_per_row=3).detect([page.image])[0]
+        assert all(1 <= r["lines"] <= 3 for r in rows) and [r["order"] for r in rows] == list(range(len(rows)))
+        texts, k = [], 0
+        for r in rows:
+            texts.append("\n".join(line.text for line in page.lines[k:k + r["lines"]]))
+            k += r["lines"]
+        total += 1
+        exact += int(k == len(page.lines) and assemble(rows, texts) == page.markdown)
+    assert total >= 12 and exact >= total - 1, f"{exact}/{total} pages"
+
+
 def test_segmentation_reading_order_of_two_columns_under_a_title():
     from mmspec.vision.workloads.render import get_font
 
@@ -361,3 +384,20 @@ def test_the_shipped_eagle_head_loads_slim_and_auto_keeps_page_lookup(bundled_pi
     assert auto.kind == "page-lookup"
     assert any("skipped eagle (bundled)" in n and "not above the fallback page-lookup" in n
                for n in auto.auto_choice.notes)
+
+
+@pytest.mark.slow
+def test_hierarchical_rows_on_the_reader_read_the_page_and_speculation_keeps_each_row(bundled_pipe):
+    """The reader's hierarchical decoding (its own segmentation, rows of whole lines, one batch): the page's text
+    is close to its Markdown, and page-lookup speculation inside each row changes no row."""
+    from mmspec.vision.documents.hierarchical import HierarchicalParser
+    from mmspec.vision.reader.evaluate import cer
+    from mmspec.workloads import get_workload
+
+    ex = get_workload("docs").example("test", 1001)
+    plain = HierarchicalParser(bundled_pipe, max_new_tokens=160).parse(ex.images)
+    spec = HierarchicalParser(bundled_pipe, drafter="page-lookup", max_new_tokens=160).parse(ex.images)
+    assert plain.rows >= 3 and all(b["type"] == "lines" for b in plain.pages[0].blocks)
+    assert [b["text"] for b in spec.pages[0].blocks] == [b["text"] for b in plain.pages[0].blocks]
+    assert spec.stats.mean_accepted_length > 2
+    assert cer([plain.pages[0].text], [ex.target])["cer"] <= 0.1, (plain.pages[0].text, ex.target)

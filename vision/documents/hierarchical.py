@@ -37,7 +37,8 @@ from mmspec.stats import SpecStats
 
 from .layout import LayoutDetector, bundled_layout
 
-__all__ = ["HierarchicalParser", "HierarchicalPage", "block_canvas", "assemble", "paper_colour"]
+__all__ = ["HierarchicalParser", "HierarchicalPage", "SegmentedRows", "block_canvas", "assemble", "paper_colour",
+           "is_reader"]
 
 CANVAS_WIDTH = 336  # the width of the docs workload's block items (the pages the target learned to read)
 CANVAS_MARGIN = 12  # the workload draws a block 10-18 px from the corner
@@ -81,15 +82,39 @@ def block_canvas(page: Image.Image, box, paper=None, pad: int = 3) -> Image.Imag
     return canvas
 
 
+def _first_lines(text: str, n: int) -> str:
+    """``text`` up to and including its ``n``-th non-blank line (the blank lines between them kept)."""
+    out, seen = [], 0
+    for line in text.split("\n"):
+        out.append(line)
+        seen += bool(line.strip())
+        if seen >= n:
+            break
+    return "\n".join(out)
+
+
 def assemble(blocks: list[dict], texts: list[str]) -> str:
     """A page's Markdown from its blocks (in reading order, each with ``order`` and ``type``) and their texts:
     sorted by ``order``, empty texts dropped, headings given the ``#`` marks of their level, blank lines between.
+    Line rows (:class:`SegmentedRows`, type ``"lines"``) keep their first ``lines`` lines (a reader that runs on past
+    the last line of its crop is cut there) and join the text before them with their ``joiner`` (``"\\n"`` inside
+    a block, ``"\\n\\n"`` between blocks); the reader writes their Markdown marks itself.
 
     Example:
         >>> assemble([{"order": 1, "type": "paragraph"}, {"order": 0, "type": "heading2"}],
         ...          ["Some text.", "Results"])
         '## Results\\n\\nSome text.'
+        >>> assemble([{"order": 0, "type": "lines", "lines": 1, "joiner": ""},
+        ...           {"order": 1, "type": "lines", "lines": 2, "joiner": "\\n"}], ["# Title\\nTranscribe", "a\\nb"])
+        '# Title\\na\\nb'
     """
+    if blocks and all(b["type"] == "lines" for b in blocks):
+        out = ""
+        for b, t in sorted(zip(blocks, texts), key=lambda bt: bt[0]["order"]):
+            t = _first_lines(t.strip(), int(b["lines"])).strip()
+            if t:
+                out += (b["joiner"] if out else "") + t
+        return out
     parts = []
     for b, t in sorted(zip(blocks, texts), key=lambda bt: bt[0]["order"]):
         t = t.strip()
@@ -98,6 +123,73 @@ def assemble(blocks: list[dict], texts: list[str]) -> str:
         if t.strip("# "):
             parts.append(t)
     return "\n\n".join(parts)
+
+
+class SegmentedRows:
+    """The layout stage of the reader (:mod:`mmspec.vision.reader`): rows of whole lines from the page's own
+    segmentation (:func:`~mmspec.vision.reader.segment.segment`), no trained detector.
+
+    Why: the reader reads token boxes in reading order and writes a page's Markdown marks itself, so a row needs
+    no block type, only a crop it can read. Its segmentation already finds the blocks (columns, paragraphs,
+    headings, tables) and their lines; each block is cut into rows of at most ``lines_per_row`` consecutive lines
+    (a long paragraph becomes several rows, so the rows of a batch end at about the same step: the batch lasts as
+    long as its longest row). Each row records its line count (the text is cut after that many lines: on a crop
+    of one line the reader may run on into its prompt's words before its end of turn) and the joiner before it.
+
+    Args:
+        lines_per_row: lines per row at most (rows of a block are balanced: 5 lines at 3 a row give 3 + 2).
+        margin: paper kept around a row's ink, in px.
+
+    Example:
+        >>> from PIL import ImageDraw
+        >>> page = Image.new("RGB", (200, 200), "white"); d = ImageDraw.Draw(page)
+        >>> for y in (20, 40, 60, 120):  # three lines, a wide gap, a fourth: two blocks
+        ...     for x in (10, 30, 50): _ = d.rectangle([x, y, x + 12, y + 10], fill="black")
+        >>> [(b["lines"], b["joiner"]) for b in SegmentedRows(lines_per_row=2).detect([page])[0]]
+        [(2, ''), (1, '\\n'), (1, '\\n\\n')]
+    """
+
+    def __init__(self, lines_per_row: int = 3, margin: int = 8):
+        if lines_per_row < 1 or margin < 0:
+            raise InvalidInputError(f"lines_per_row must be >= 1 and margin >= 0 (got {lines_per_row}, {margin})")
+        self.lines_per_row, self.margin = int(lines_per_row), int(margin)
+
+    def detect(self, images: list) -> list[list[dict]]:
+        """Each page's rows: ``type`` ``"lines"``, ``box`` ``[x0, y0, x1, y1]``, ``order``, ``lines``, ``joiner``,
+        ``block`` (the segmentation's block index)."""
+        from ..reader.segment import segment
+
+        pages = []
+        for image in images:
+            blocks: dict = {}
+            for line in segment(image):
+                blocks.setdefault(line.block, []).append(line)
+            rows = []
+            for k in sorted(blocks):
+                lines = blocks[k]
+                n = -(-len(lines) // self.lines_per_row)  # rows of this block, as even as they come
+                cuts = [round(i * len(lines) / n) for i in range(n + 1)]
+                for r in range(n):
+                    part = lines[cuts[r]:cuts[r + 1]]
+                    box = [min(b.x0 for ln in part for b in ln.boxes), part[0].y0,
+                           max(b.x1 for ln in part for b in ln.boxes), part[-1].y1]
+                    rows.append({"type": "lines", "box": box, "order": len(rows), "lines": len(part), "block": k,
+                                 "joiner": "" if not rows else ("\n" if r else "\n\n"), "score": 1.0})
+            pages.append(rows)
+        return pages
+
+    def crop(self, page: Image.Image, box) -> Image.Image:
+        """The page cut to ``box`` grown by ``margin`` px (the reader reads any page size)."""
+        w, h = page.size
+        m = self.margin
+        return page.crop((max(0, box[0] - m), max(0, box[1] - m), min(w, box[2] + m), min(h, box[3] + m)))
+
+
+def is_reader(pipe) -> bool:
+    """Whether ``pipe`` runs the reader (its processor is :class:`~mmspec.vision.reader.processor.PageReaderProcessor`)."""
+    from ..reader.processor import PageReaderProcessor
+
+    return isinstance(getattr(pipe, "processor", None), PageReaderProcessor)
 
 
 @dataclass
@@ -144,13 +236,21 @@ class HierarchicalParser:
 
         if max_new_tokens < 1 or max_rows < 1:
             raise InvalidInputError(f"max_new_tokens and max_rows must be positive (got {max_new_tokens}, {max_rows})")
-        if layout is None:
+        reader = is_reader(pipe)
+        if layout is None and reader:
+            layout = SegmentedRows()
+        elif layout is None:
             layout = bundled_layout()
             if layout is None:
                 raise InvalidInputError("no layout detector bundled; pass layout=DIR (from `mmspec train-layout`)")
-        self.layout = layout if isinstance(layout, LayoutDetector) else LayoutDetector.from_pretrained(layout)
+        self.layout = layout if isinstance(layout, (LayoutDetector, SegmentedRows)) else \
+            LayoutDetector.from_pretrained(layout)
         self.pipe = pipe
         self.drafter = make_drafter(drafter, pipe.model) if drafter is not None else None
+        if prompt is None and reader:
+            from ..reader.workloads import PAGE_PROMPTS as READER_PROMPTS
+
+            prompt = READER_PROMPTS[0]  # a row is a (small) page to the reader
         self.prompt = prompt or BLOCK_PROMPTS[0]
         self.max_new_tokens, self.max_rows = int(max_new_tokens), int(max_rows)
 
@@ -159,7 +259,10 @@ class HierarchicalParser:
         return self.layout.detect(pages)
 
     def crops(self, page, blocks: list[dict]) -> list[Image.Image]:
-        """The block canvases of one page (:func:`block_canvas`), in the order of ``blocks``."""
+        """The block canvases of one page (:func:`block_canvas`; a :class:`SegmentedRows` layout's own crops), in
+        the order of ``blocks``."""
+        if isinstance(self.layout, SegmentedRows):
+            return [self.layout.crop(page, b["box"]) for b in blocks]
         paper = paper_colour(page)
         return [block_canvas(page, b["box"], paper) for b in blocks]
 
