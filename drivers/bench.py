@@ -27,9 +27,11 @@ from mmspec.bench import plain_record
 from mmspec.checkpoints import dtype_note, resolve_dtype
 
 from .pipeline import STAGES, DrivingPipeline
-from .train_vla import DrivingVLA, score_step, summarize_scores
+from .scoring import score_step, summarize_scores
+from .vla import DrivingVLA
+from .workload import DrivingWorkload
 
-__all__ = ["bench_driving"]
+__all__ = ["bench_driving", "DrivingBenchWorkload"]
 
 
 DEFAULT_BENCH_SYSTEMS = ("ar", "flashdrive")
@@ -52,12 +54,27 @@ def bench_systems(names) -> list[str]:
     return ["ar"] + [s for s in dict.fromkeys(names) if s != "ar"]
 
 
+class DrivingBenchWorkload(DrivingWorkload):
+    """The ``driving`` workload as ``mmspec bench`` measures it: :class:`~mmspec.drivers.workload.DrivingWorkload`'s
+    items, measured through the driving pipeline (``ar`` and FlashDrive's systems, :func:`bench_driving`). The
+    package registers this class, so the workload module itself imports no bench."""
+
+    plain_pipeline = True
+    plain_systems = True
+
+    def check_plain_systems(self, systems) -> None:
+        bench_systems(systems)
+
+    def bench_plain(self, model, examples, cfg, progress=True):
+        return bench_driving(model or self.bundled_model(), examples, cfg, progress)
+
+
 def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> list[dict]:
     """Measure the driving systems of ``cfg.systems`` (:func:`bench_systems`) for the VLA at ``model`` on
     ``examples``; one record per system."""
     from tqdm.auto import tqdm
 
-    from .distill import bundled_student
+    from .bundled import bundled_student
 
     systems = bench_systems(cfg.systems)  # checked before the model loads
     device = cfg.resolved_device()
@@ -218,9 +235,9 @@ def drive_sim(model: str, systems=("plain", "flashdrive"), clips: int = 2, ticks
     from mmspec.errors import InvalidInputError
 
     from .clips import FUTURE_TICKS, HISTORY_TICKS, load_clip, sample_at, write_clip
-    from .distill import bundled_student
+    from .bundled import bundled_student
     from .flashdrive import FlashDriveConfig
-    from .train_vla import model_policy
+    from .pipeline import model_policy
     from .world import DT, INCIDENTS, SCENARIO_KINDS, safety_events, scenario_for, simulate
 
     unknown = [s for s in systems if s not in SIM_SYSTEMS]
@@ -389,8 +406,8 @@ def _sim_run(args) -> int:
 
     from mmspec.errors import InvalidInputError
 
-    from .distill import bundled_student, student_info
-    from .train_vla import bundled_vla
+    from .bundled import bundled_student, bundled_vla
+    from .vla import student_info
 
     if not args.budget_ms > 0 or not args.seconds > 0:
         raise InvalidInputError(f"--budget-ms and --seconds must be positive (got {args.budget_ms}, {args.seconds})")
@@ -443,7 +460,7 @@ def _sim_run(args) -> int:
         vla = DrivingVLA.from_pretrained(model, dtype=resolve_dtype(args.dtype, model, "cpu"))
         students = []
         if student:
-            from .distill import load_student
+            from .vla import load_student
 
             st = load_student(student, vla, model)
             students = [(f"few-step expert {st.num_steps}", st)]

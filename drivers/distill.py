@@ -10,7 +10,7 @@ reasoning (no gradient), the teacher integrates from noise ``x0`` (no gradient),
 the same ``x0``; the loss is the mean squared error between the two, in the expert's normalised action space, at
 the end and at every student step whose time the teacher's grid also has. The backbone and the teacher stay
 frozen, so a student serves only the VLA it was distilled from (its folder records the backbone's weights hash and
-:func:`load_student` checks it).
+:func:`~mmspec.drivers.vla.load_student` checks it).
 
 It is lossy (the student's trajectories are not the teacher's), like the step cache: FlashDrive takes it with
 ``FlashDriveConfig(expert=DIR)`` and says so. Runs resume from ``OUT/state.pt``.
@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import time
@@ -38,131 +37,16 @@ from mmspec.errors import InvalidInputError
 from mmspec.train import trim_log
 from mmspec.workloads import get_workload
 
-from .train_vla import EXPERT_NAME, DrivingVLA, expert_context, load_expert, save_expert
+from .bundled import STUDENT_INFO, bundled_student
+from .export import export_student
+from .train_vla import expert_context
+from .vla import DrivingVLA, backbone_hash, load_student, save_expert
 
-__all__ = ["DistillConfig", "distill_expert", "euler_path", "load_student", "backbone_hash", "bundled_student",
-           "export_student", "student_info"]
+STATE = "distill_state.pt"
 
-STUDENT_INFO, STATE = "distill.json", "distill_state.pt"
-STUDENT_DIR = "fewstep"  # a VLA folder's own student (``train_vla export --student``): FlashDrive's default expert
-
-
-def backbone_hash(path: str) -> str:
-    """The first 16 hex digits of the SHA-256 over a VLA folder's backbone weights (``model*.safetensors``, sorted):
-    what a student was distilled on. A folder without them raises :class:`~mmspec.errors.InvalidInputError`.
-
-    Example:
-        >>> import tempfile
-        >>> d = tempfile.mkdtemp()
-        >>> _ = open(os.path.join(d, "model.safetensors"), "wb").write(b"weights")
-        >>> backbone_hash(d)
-        '39c2875015b458ee'
-    """
-    names = sorted(n for n in os.listdir(path) if n.startswith("model") and n.endswith(".safetensors")) \
-        if os.path.isdir(path) else []
-    if not names:
-        raise InvalidInputError(f"{path} holds no backbone weights (model*.safetensors): not a saved VLA folder")
-    from mmspec.checkpoints import file_sha256
-
-    h = hashlib.sha256()
-    for name in names:
-        h.update(file_sha256(os.path.join(path, name)).encode())
-    return h.hexdigest()[:16]
-
-
-def student_info(path: str, vla_path: str) -> dict:
-    """The record (``distill.json``) of the distilled expert in ``path``, checked against the VLA folder ``vla_path``:
-    raises :class:`~mmspec.errors.InvalidInputError` unless ``path`` holds a student distilled on (or exported with)
-    that backbone.
-
-    Example:
-        >>> student_info("vla/fewstep", "vla")["student_steps"]                  # doctest: +SKIP
-        2
-    """
-    info_path = os.path.join(path, STUDENT_INFO)
-    if not os.path.isfile(info_path) or not os.path.isfile(os.path.join(path, EXPERT_NAME)):
-        raise InvalidInputError(f"{path} is not a distilled action expert (no {STUDENT_INFO} or {EXPERT_NAME}: "
-                                "python -m mmspec.drivers.distill writes one)")
-    with open(info_path) as f:
-        info = json.load(f)
-    have = backbone_hash(vla_path)
-    if have != info["backbone_sha256_16"]:
-        raise InvalidInputError(f"{path} was distilled on another backbone ({info['backbone_sha256_16']}, "
-                                f"{vla_path}'s is {have}): distil it again on this VLA")
-    return info
-
-
-def bundled_student(vla_path: str | None) -> str | None:
-    """The few-step student shipped inside the VLA folder ``vla_path`` (``vla_path/fewstep``, written by
-    ``python -m mmspec.drivers.train_vla export --student DIR``), or ``None`` when it ships none.
-
-    Example:
-        >>> bundled_student("/nonexistent") is None
-        True
-    """
-    if not vla_path:
-        return None
-    path = os.path.join(vla_path, STUDENT_DIR)
-    return path if os.path.isfile(os.path.join(path, STUDENT_INFO)) else None
-
-
-def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat16) -> str:
-    """Ship ``student`` (distilled on the VLA folder ``src_vla``) inside ``out_vla``, the exported copy of
-    ``src_vla`` (:func:`~mmspec.drivers.train_vla.export_vla`), as ``out_vla/fewstep`` with weights in ``dtype``.
-    The export rounds the backbone, so its weights hash changes: the student is re-bound to the exported backbone
-    (``distilled_on`` keeps the hash it was distilled on). Refused unless the student was distilled on ``src_vla``
-    and ``out_vla``'s backbone is ``src_vla``'s rounded to ``dtype``, tensor for tensor.
-
-    Example:
-        >>> export_student("/work/fewstep", "/work/vla-fp32", "/work/vla-bf16")   # doctest: +SKIP
-        '/work/vla-bf16/fewstep'
-    """
-    import shutil
-
-    from safetensors.torch import load_file
-
-    from mmspec.checkpoints import save_state_compact
-
-    from .train_vla import EXPERT_CONFIG
-
-    info = student_info(student, src_vla)
-    out = os.path.join(out_vla, STUDENT_DIR)
-    if os.path.realpath(src_vla) == os.path.realpath(out_vla) or os.path.realpath(student) == os.path.realpath(out):
-        raise InvalidInputError(f"export the student from its own folder into another VLA folder (got student "
-                                f"{student}, source {src_vla}, out {out_vla})")
-    if not _is_export_of(out_vla, src_vla, dtype):
-        raise InvalidInputError(f"{out_vla} is not {src_vla} exported in {dtype}: the student would be bound to "
-                                "another backbone (export both with train_vla export --student)")
-    if os.path.isdir(out):
-        shutil.rmtree(out)  # nothing of an earlier student may stay beside this one
-    os.makedirs(out)
-    save_state_compact(load_file(os.path.join(student, EXPERT_NAME)), os.path.join(out, EXPERT_NAME), dtype)
-    shutil.copy(os.path.join(student, EXPERT_CONFIG), os.path.join(out, EXPERT_CONFIG))
-    if os.path.isfile(os.path.join(student, "train_log.jsonl")):
-        shutil.copy(os.path.join(student, "train_log.jsonl"), os.path.join(out, "train_log.jsonl"))
-    info = {**info, "backbone_sha256_16": backbone_hash(out_vla), "distilled_on": info["backbone_sha256_16"],
-            "exported_from": os.path.abspath(student), "dtype": str(dtype).replace("torch.", "")}
-    with open(os.path.join(out, STUDENT_INFO), "w") as f:
-        json.dump(info, f, indent=2)
-    return out
-
-
-def _backbone_tensors(path: str) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for name in sorted(n for n in os.listdir(path) if n.startswith("model") and n.endswith(".safetensors")):
-        out.update(load_file(os.path.join(path, name)))
-    return out
-
-
-def _is_export_of(out_vla: str, src_vla: str, dtype) -> bool:
-    """Whether ``out_vla``'s backbone weights are ``src_vla``'s cast to ``dtype`` (floating tensors), exactly."""
-    a, b = _backbone_tensors(out_vla), _backbone_tensors(src_vla)
-    if a.keys() != b.keys():
-        return False
-    return all(torch.equal(a[k], b[k].to(dtype) if b[k].is_floating_point() else b[k]) for k in a)
-
+__all__ = ["DistillConfig", "distill_expert", "euler_path",
+           # defined in vla, bundled and export (the runtime and the shipping side), still importable from here
+           "load_student", "backbone_hash", "bundled_student", "export_student"]
 
 def euler_path(expert, x0, cache, start, valid, steps: int) -> list:
     """The states ``[x_1/steps, ..., x_1]`` of ``steps`` uniform Euler steps of ``expert``'s flow from ``x0``
@@ -240,24 +124,6 @@ def _check_config(cfg: DistillConfig) -> None:
     if os.path.realpath(cfg.out) == os.path.realpath(cfg.vla) or os.path.isfile(os.path.join(cfg.out, "model.safetensors")):
         raise InvalidInputError(f"--out {cfg.out} is a VLA folder: the student would overwrite its expert; "
                                 "give the student a folder of its own")
-
-
-def load_student(path: str, vla: DrivingVLA, vla_path: str | None = None):
-    """A distilled expert from ``path`` for ``vla`` (moved to its dtype and device). A student reads the backbone's
-    cache, so one distilled on another backbone (a fine-tune, say) is refused: ``vla_path`` (default: the folder
-    ``vla`` was loaded from, ``vla.name_or_path``) must hold the backbone it was distilled on; a VLA with no folder
-    cannot be checked and is refused too.
-
-    Example:
-        >>> student = load_student("/tmp/fewstep", vla, "drivers/assets/driving-vla")   # doctest: +SKIP
-    """
-    vla_path = vla_path or getattr(vla, "name_or_path", None)
-    if vla_path is None:
-        raise InvalidInputError("cannot check which backbone this VLA is (it was not loaded from a folder): save it and "
-                                "load it with DrivingVLA.from_pretrained before using a distilled expert")
-    student_info(path, vla_path)
-    p = next(vla.expert.parameters())
-    return load_expert(path, vla.backbone.config.text_config).to(device=p.device, dtype=p.dtype).eval()
 
 
 def distill_expert(cfg: DistillConfig, progress: bool = True):

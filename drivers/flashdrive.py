@@ -115,11 +115,11 @@ class FlashDriveConfig:
         reuse_reasoning: with speculative reasoning, the first round drafts the rest of the last tick's reasoning
             (:class:`ReasoningReuseDrafter`; the drafter takes over from the first mismatch). Exact like ``spec``.
         expert: the action expert that integrates the flow. ``"auto"`` (default): where the step cache is on, the
-            few-step student the VLA folder ships (``fewstep/``, :func:`mmspec.drivers.distill.bundled_student`)
+            few-step student the VLA folder ships (``fewstep/``, :func:`mmspec.drivers.bundled.bundled_student`)
             replaces it when there is one distilled on this backbone; otherwise the VLA's own expert (which one ran
             is said by :meth:`FlashDriveEngine.describe`; with ``step_cache=None`` "auto" never picks a student, so
             an exact configuration stays exact); ``"bundled"``: that student, refused when the VLA ships none; a
-            distilled expert's folder (:func:`mmspec.drivers.distill.load_student`; distilled on this VLA's
+            distilled expert's folder (:func:`mmspec.drivers.vla.load_student`; distilled on this VLA's
             backbone); ``None``: the VLA's own expert. A student is lossy and replaces the step cache (its
             thresholds are for the 10-step expert).
 
@@ -433,7 +433,7 @@ class FlashDriveEngine:
         self.expert = vla.expert
         self.step_cache = config.step_cache_policy()
         if self.student_path is not None:
-            from .distill import load_student
+            from .vla import load_student
 
             self.expert = load_student(self.student_path, vla)
             self.step_cache = None  # the student integrates in its own few steps
@@ -836,7 +836,8 @@ class FlashDriveEngine:
     @staticmethod
     def _student(vla, expert, step_cache: bool) -> tuple:
         """``(folder of the few-step student to load or None, why the VLA's own expert runs)`` for ``expert``."""
-        from .distill import bundled_student, student_info
+        from .bundled import bundled_student
+        from .vla import student_info
 
         if expert is None or (expert == "auto" and not step_cache):
             return None, ""

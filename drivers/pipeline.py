@@ -29,20 +29,16 @@ from mmspec.errors import InvalidImageError, InvalidInputError
 from mmspec.pipelines import MMSpecPipeline
 
 from .clips import FRAMES_PER_CAMERA, HISTORY_TICKS
-from .vla import integrate_actions
+from .vla import TRAINED_CAMERAS, TRAINED_FRAMES, DrivingVLA, integrate_actions
 from .workload import driving_prompt
-from .world import CAMERAS
+from .world import CAMERAS, render_frame
 
-__all__ = ["DrivingPipeline", "STAGES", "MAX_SPEED_MPS"]
+__all__ = ["DrivingPipeline", "STAGES", "MAX_SPEED_MPS", "model_policy"]
 
 STAGES = ("preprocess", "encode", "prefill", "decode", "action", "total")
 MAX_SPEED_MPS = 70.0
 """The fastest ego speed a request may state (252 km/h): above any road car's cruise, far above the world's
 expert (~15 m/s), so only nonsense (1e6, a km/h figure times ten) is refused."""
-
-TRAINED_CAMERAS, TRAINED_FRAMES = "mmspec_cameras", "mmspec_frames_per_camera"
-"""``config.json`` keys of a driving VLA: the cameras and frames per camera it was trained on (absent in
-folders saved before them: the workload's defaults, ``["front"]`` and 4)."""
 
 
 class DrivingPipeline(MMSpecPipeline):
@@ -123,8 +119,6 @@ class DrivingPipeline(MMSpecPipeline):
     @classmethod
     def _from_config(cls, target, config, drafter=None, dtype=None, device_map=None, trust_remote_code=False,
                      **kw):
-        from .train_vla import DrivingVLA
-
         flashdrive = kw.pop("flashdrive", None)
         if drafter is not None:  # a reasoning drafter is FlashDrive's speculative reasoning (exact) on the engine
             from .flashdrive import FlashDriveConfig
@@ -322,3 +316,42 @@ class DrivingPipeline(MMSpecPipeline):
                 "num_decode_tokens": int(len(new)), "tokens": new.tolist(),
                 "timings_ms": {k: v * 1e3 for k, v in timings.items()},
                 "first_logits": out.logits[0][0].float().cpu()}
+
+
+def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int = 0, on_plan=None):
+    """A ``simulate`` policy in which ``pipe`` (a :class:`~mmspec.drivers.pipeline.DrivingPipeline`) drives: the
+    expert before ``handover_tick`` (history for the model), then a plan from the current frames and ego history
+    every ``replan_every`` ticks (``1``: every tick, 10 Hz, as a real stack), whose (accel, curvature) steps the ego
+    executes. Each plan passes its tick index (a streaming pipeline checks continuity by it); ``on_plan(tick,
+    result)`` sees every plan (timings).
+
+    Example:
+        >>> from mmspec.drivers.pipeline import DrivingPipeline                      # doctest: +SKIP
+        >>> from mmspec.drivers.world import scenario_for, simulate, safety_events  # doctest: +SKIP
+        >>> pipe = DrivingPipeline(DrivingVLA.from_pretrained(bundled_vla()))      # doctest: +SKIP
+        >>> sim = simulate(scenario_for("test", 0, 0, "cruise"), 8.0, model_policy(pipe))  # doctest: +SKIP
+        >>> safety_events(sim, 20)["offroad"]                                       # doctest: +SKIP
+        False
+    """
+    from .clips import ego_history  # the name of step()'s argument in this module
+
+    plan, frames = {}, {}
+    if hasattr(pipe, "reset"):
+        pipe.reset()  # a new drive: no streaming state from the last one
+
+    def policy(sim, k):
+        if k < handover_tick:
+            return None
+        if (k - handover_tick) % replan_every == 0:
+            for t in range(k - 3, k + 1):  # each tick's frame is rendered once (the window slides over them)
+                if t not in frames:
+                    frames[t] = render_frame(sim, t)
+            res = pipe.step([frames[t] for t in range(k - 3, k + 1)], ego_history(sim.ego, k), float(sim.ego[k][3]),
+                            seed=seed + k, tick=k)
+            plan["actions"], plan["start"] = res["actions"][0], k
+            if on_plan is not None:
+                on_plan(k, res)
+        a = plan["actions"][k - plan["start"]]
+        return float(a[0]), float(a[1])
+
+    return policy

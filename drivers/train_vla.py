@@ -31,15 +31,17 @@ from mmspec.train import add_config_arguments, trim_log
 from mmspec.vision.testbed import PatchReader
 from mmspec.workloads import get_workload
 
-from .clips import FRAMES_PER_CAMERA
-from .vla import (ACTION_MEAN, ACTION_SCALE, LEGACY_NORMALIZATION, TrajectoryExpert, attention_mask_for,
-                  next_text_positions)
+from .bundled import VLA_DIR, bundled_vla
+from .export import export_vla
+from .pipeline import model_policy
+from .scoring import constant_velocity, score_step, summarize_scores
+from .vla import ACTION_MEAN, ACTION_SCALE, DrivingVLA, TrajectoryExpert, attention_mask_for, next_text_positions
 from .world import DT, LABELS, LOOKAHEAD_M
 
-__all__ = ["DrivingVLA", "RoadReader", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla",
-           "vla_losses", "constant_velocity", "closed_loop", "model_policy", "collect_rollouts", "score_step",
-           "summarize_scores", "bundled_vla", "export_vla", "streaming_attention_mask", "save_expert", "load_expert",
-           "expert_context"]
+__all__ = ["RoadReader", "VLATrainConfig", "VLA_SIZES", "build_vla", "train_vla", "evaluate_vla", "vla_losses",
+           "closed_loop", "collect_rollouts", "streaming_attention_mask", "expert_context",
+           # defined in the runtime modules (vla, bundled, export, scoring, pipeline), still importable from here
+           "DrivingVLA", "bundled_vla", "export_vla", "model_policy", "constant_velocity"]
 
 PATCH, MERGE = 14, 2
 VLA_SIZES = {
@@ -51,100 +53,6 @@ VLA_SIZES = {
                   vision=dict(depth=2, embed_dim=128, num_heads=2, mlp_ratio=2)),
 }
 PIXELS = dict(min_pixels=28 * 28, max_pixels=224 * 112)  # the workload's frames pass unresized
-EXPERT_NAME, EXPERT_CONFIG = "action_expert.safetensors", "action_expert.json"
-
-
-class DrivingVLA(torch.nn.Module):
-    """Backbone (``Qwen2VLForConditionalGeneration``) + :class:`~mmspec.drivers.vla.TrajectoryExpert`, saved
-    together: the backbone with ``save_pretrained`` (with its processor), the expert beside it."""
-
-    def __init__(self, backbone, processor, expert: TrajectoryExpert):
-        super().__init__()
-        self.backbone, self.expert = backbone, expert
-        self.processor = processor
-
-    def save_pretrained(self, path: str, dtype=None) -> None:
-        """Backbone, processor and expert under ``path``; ``dtype`` (e.g. ``torch.bfloat16``) stores the
-        weights compactly (loading upcasts to float32)."""
-        from mmspec.checkpoints import save_hf_compact
-
-        from mmspec.pipelines import TASK_KEY
-
-        from .pipeline import TRAINED_CAMERAS, TRAINED_FRAMES
-
-        os.makedirs(path, exist_ok=True)
-        # The folder says what it is, so MMSpecPipeline.from_pretrained returns a DrivingPipeline for it (the
-        # backbone alone is a plain qwen2_vl), and what it was trained on, so requests are checked against it.
-        config = self.backbone.config
-        setattr(config, TASK_KEY, "driving")
-        if getattr(config, TRAINED_CAMERAS, None) is None:
-            setattr(config, TRAINED_CAMERAS, ["front"])  # DrivingWorkload's default cameras and frame count
-        if getattr(config, TRAINED_FRAMES, None) is None:
-            setattr(config, TRAINED_FRAMES, FRAMES_PER_CAMERA)
-        if dtype is None:
-            self.backbone.save_pretrained(path)
-        else:
-            save_hf_compact(self.backbone, path, dtype)
-        self.processor.save_pretrained(path)
-        save_expert(self.expert, path, dtype)
-
-    @classmethod
-    def from_pretrained(cls, path: str, dtype="auto") -> "DrivingVLA":
-        """Load a VLA saved by :meth:`save_pretrained`; ``dtype="auto"`` runs it in the dtype its weights are
-        stored in (bf16 for the bundled one), ``"float32"`` (what training resumes in) or another name.
-
-        Example:
-            >>> DrivingVLA.from_pretrained(VLA_DIR).backbone.dtype                  # doctest: +SKIP
-            torch.bfloat16
-        """
-        from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-
-        from mmspec.checkpoints import resolve_dtype
-        from mmspec.checks import check_local_folder
-
-        path = check_local_folder(path, "driving VLA folder")  # said at once, not tried as a hub id
-        if not os.path.isfile(os.path.join(path, EXPERT_CONFIG)):
-            raise InvalidInputError(f"{path} is not a driving VLA folder (no {EXPERT_CONFIG}: "
-                                    "DrivingVLA.save_pretrained writes the backbone and the action expert together)")
-        dtype = resolve_dtype(dtype, path)
-        backbone = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
-        expert = load_expert(path, backbone.config.text_config)
-        vla = cls(backbone, AutoProcessor.from_pretrained(path), expert.to(backbone.dtype).eval())
-        vla.name_or_path = os.path.abspath(path)  # a distilled expert checks it was distilled on this backbone
-        return vla
-
-
-def save_expert(expert: TrajectoryExpert, path: str, dtype=None) -> None:
-    """The action expert's weights and settings (horizon, Euler steps, normalisation) under ``path``.
-
-    Example:
-        >>> save_expert(vla.expert, "/tmp/vla")                                       # doctest: +SKIP
-    """
-    from mmspec.checkpoints import save_state_compact
-
-    os.makedirs(path, exist_ok=True)
-    save_state_compact(expert.state_dict(), os.path.join(path, EXPERT_NAME), dtype)
-    with open(os.path.join(path, EXPERT_CONFIG), "w") as f:
-        json.dump({"horizon": expert.horizon, "num_steps": expert.num_steps,
-                   "action_mean": expert.action_mean.tolist(), "action_scale": expert.action_scale.tolist()}, f)
-
-
-def load_expert(path: str, text_config) -> TrajectoryExpert:
-    """The action expert saved by :func:`save_expert` under ``path`` (float32 weights as stored, upcast), for a
-    backbone with ``text_config``.
-
-    Example:
-        >>> load_expert("drivers/assets/driving-vla", vla.backbone.config.text_config).num_steps   # doctest: +SKIP
-        10
-    """
-    from safetensors.torch import load_file
-
-    with open(os.path.join(path, EXPERT_CONFIG)) as f:
-        expert = TrajectoryExpert(text_config, **{**LEGACY_NORMALIZATION, **json.load(f)})
-    expert.load_state_dict(load_file(os.path.join(path, EXPERT_NAME)))  # copied into float32 parameters
-    return expert.eval()
-
-
 def build_vla(size: str = "small", tokenizer_texts: int = 2000, vocab_size: int = 512, seed: int = 0) -> DrivingVLA:
     """A fresh VLA: a Qwen2-VL with a tokenizer trained on the driving prompts and sentences, and an expert."""
     from mmspec.demo import build_qwen2vl, train_tokenizer
@@ -417,63 +325,6 @@ def train_vla(cfg: VLATrainConfig, progress: bool = True) -> DrivingVLA:
     return vla.eval()
 
 
-VLA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-vla")
-
-
-def bundled_vla() -> str | None:
-    """The bundled trained driving VLA's folder (``None`` if this install has none); what ``mmspec bench
-    --workload driving`` runs when no model is named.
-
-    Example:
-        >>> bundled_vla() is None or os.path.isfile(os.path.join(bundled_vla(), "action_expert.json"))
-        True
-    """
-    return VLA_DIR if os.path.isfile(os.path.join(VLA_DIR, EXPERT_NAME)) else None
-
-
-def export_vla(src: str, out: str = VLA_DIR, dtype=torch.bfloat16, student: str | None = None) -> str:
-    """The shippable copy of a trained VLA: weights in ``dtype`` (loaded as float32), training log and config
-    beside them. What ships is this rounded model; measurements use it, not ``src``. ``student``: a few-step
-    action expert distilled on ``src`` (:mod:`mmspec.drivers.distill`), shipped as ``out/fewstep`` and re-bound
-    to the exported backbone (FlashDrive's default expert for this VLA); a student that ``out`` held before is
-    removed, since it was bound to the weights this export replaces.
-
-    Example:
-        >>> export_vla("/work/vla-fp32", "/work/vla", student="/work/fewstep")         # doctest: +SKIP
-        '/work/vla'
-    """
-    import shutil
-
-    from mmspec.checkpoints import copy_training_files
-
-    from .distill import STUDENT_DIR, export_student, student_info
-
-    if os.path.realpath(out) == os.path.realpath(src):
-        raise InvalidInputError(f"export {src} into another folder: it would overwrite the weights it reads")
-    if student:
-        student_info(student, src)  # refuse before anything under ``out`` is replaced
-        if os.path.realpath(student) == os.path.realpath(os.path.join(out, STUDENT_DIR)):
-            raise InvalidInputError(f"{student} is the folder this export replaces: export the student from its own")
-    DrivingVLA.from_pretrained(src, dtype=torch.float32).save_pretrained(out, dtype=dtype)
-    for name in ("train_log.jsonl", "train_config.json"):  # an older model's records must not describe this one
-        if not os.path.isfile(os.path.join(src, name)) and os.path.isfile(os.path.join(out, name)):
-            os.remove(os.path.join(out, name))
-    copy_training_files(src, out)
-    if os.path.isdir(os.path.join(out, STUDENT_DIR)):
-        shutil.rmtree(os.path.join(out, STUDENT_DIR))
-    if student:
-        export_student(student, src, out, dtype)
-    return out
-
-
-def constant_velocity(speed: float, n: int = 64) -> np.ndarray:
-    """The constant-velocity baseline: straight ahead at the current speed, ``[n, 2]``."""
-    return np.stack([speed * DT * np.arange(1, n + 1), np.zeros(n)], 1)
-
-
-DISTANCE_TOLERANCE_M = 2  # metres: what "right" allows on a hazard distance (exact match is reported too)
-
-
 @torch.no_grad()
 def evaluate_vla(vla: DrivingVLA, n: int = 24, samples: int = 6, split: str = "test", seed: int = 0) -> dict:
     """Reasoning accuracy and minADE on ``n`` held-out items (batch 1, as the pipeline drives).
@@ -494,45 +345,6 @@ def evaluate_vla(vla: DrivingVLA, n: int = 24, samples: int = 6, split: str = "t
         res = pipe.step(ex.images, ex.meta["history"], ex.meta["speed"], num_samples=samples, seed=seed + i)
         scores.append(score_step(res, ex))
     return summarize_scores(scores, samples)
-
-
-def score_step(result: dict, example) -> dict:
-    """How one :meth:`DrivingPipeline.step` result did on a ``driving`` item: reasoning exact, hazard phrase
-    and action right, distance error (or ``None``), ADE of the first sample and the best sample, and the
-    constant-velocity ADE on the same item.
-
-    Example:
-        >>> from mmspec.workloads import get_workload
-        >>> ex = get_workload("driving").text_example("test", 0)
-        >>> fake = {"reasoning": ex.target, "trajectories": ex.meta["future"][None]}
-        >>> s = score_step(fake, ex); s["exact"], s["hazard"], s["right"], s["ade_1"]
-        (True, True, True, 0.0)
-    """
-    got, want = _parse(result["reasoning"]), _parse(example.target)
-    err = np.linalg.norm(result["trajectories"] - example.meta["future"][None], axis=-1).mean(-1)
-    cv = np.linalg.norm(constant_velocity(example.meta["speed"]) - example.meta["future"], axis=-1).mean()
-    hazard = got[0] == want[0] and got[2] == want[2]
-    d_err = abs(got[1] - want[1]) if got[1] is not None and want[1] is not None else None
-    # Right within tolerance: phrase and action right, and the distance (where the reference names one)
-    # within DISTANCE_TOLERANCE_M; whole-metre exactness is what reasoning_exact measures.
-    right = hazard and (want[1] is None or (d_err is not None and d_err <= DISTANCE_TOLERANCE_M))
-    return {"exact": result["reasoning"].strip() == example.target, "hazard": hazard, "right": right,
-            "distance_error": d_err, "ade_1": float(err[0]), "ade_min": float(err.min()), "cv_ade": float(cv)}
-
-
-def summarize_scores(scores: list, samples: int = 1) -> dict:
-    """The evaluation figures over :func:`score_step` results (see :func:`evaluate_vla`)."""
-    n = len(scores)
-    dist = [s["distance_error"] for s in scores if s["distance_error"] is not None]
-    out = {"n": n, "reasoning_exact": sum(s["exact"] for s in scores) / n,
-           "reasoning_right": sum(s["right"] for s in scores) / n,
-           "hazard_accuracy": sum(s["hazard"] for s in scores) / n,
-           "distance_mae_m": float(np.mean(dist)) if dist else None,
-           "min_ade_1": float(np.mean([s["ade_1"] for s in scores]))}
-    if samples > 1:
-        out[f"min_ade_{samples}"] = float(np.mean([s["ade_min"] for s in scores]))
-    out["constant_velocity_ade"] = float(np.mean([s["cv_ade"] for s in scores]))
-    return out
 
 
 @torch.no_grad()
@@ -568,46 +380,6 @@ def closed_loop(vla: DrivingVLA, n: int = 12, seconds: float = 8.0, handover_tic
             totals[who]["progress_m"] += ev["progress_m"]
     return {who: {**{f"{k}_rate": v / n for k, v in t.items() if k != "progress_m"},
                   "progress_m": t["progress_m"] / n} for who, t in totals.items()} | {"n": n, "model_by_kind": by_kind}
-
-
-def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int = 0, on_plan=None):
-    """A ``simulate`` policy in which ``pipe`` (a :class:`~mmspec.drivers.pipeline.DrivingPipeline`) drives: the
-    expert before ``handover_tick`` (history for the model), then a plan from the current frames and ego history
-    every ``replan_every`` ticks (``1``: every tick, 10 Hz, as a real stack), whose (accel, curvature) steps the ego
-    executes. Each plan passes its tick index (a streaming pipeline checks continuity by it); ``on_plan(tick,
-    result)`` sees every plan (timings).
-
-    Example:
-        >>> from mmspec.drivers.pipeline import DrivingPipeline                      # doctest: +SKIP
-        >>> from mmspec.drivers.world import scenario_for, simulate, safety_events  # doctest: +SKIP
-        >>> pipe = DrivingPipeline(DrivingVLA.from_pretrained(bundled_vla()))      # doctest: +SKIP
-        >>> sim = simulate(scenario_for("test", 0, 0, "cruise"), 8.0, model_policy(pipe))  # doctest: +SKIP
-        >>> safety_events(sim, 20)["offroad"]                                       # doctest: +SKIP
-        False
-    """
-    from .clips import ego_history
-    from .world import render_frame
-
-    plan, frames = {}, {}
-    if hasattr(pipe, "reset"):
-        pipe.reset()  # a new drive: no streaming state from the last one
-
-    def policy(sim, k):
-        if k < handover_tick:
-            return None
-        if (k - handover_tick) % replan_every == 0:
-            for t in range(k - 3, k + 1):  # each tick's frame is rendered once (the window slides over them)
-                if t not in frames:
-                    frames[t] = render_frame(sim, t)
-            res = pipe.step([frames[t] for t in range(k - 3, k + 1)], ego_history(sim.ego, k), float(sim.ego[k][3]),
-                            seed=seed + k, tick=k)
-            plan["actions"], plan["start"] = res["actions"][0], k
-            if on_plan is not None:
-                on_plan(k, res)
-        a = plan["actions"][k - plan["start"]]
-        return float(a[0]), float(a[1])
-
-    return policy
 
 
 @torch.no_grad()
@@ -660,18 +432,6 @@ def collect_rollouts(vla: DrivingVLA, path: str, n: int = 120, seconds: float = 
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
     return rows
-
-
-def _parse(sentence: str):
-    """``(hazard phrase, distance or None, action)`` of a reasoning sentence."""
-    import re
-
-    s = sentence.strip().rstrip(".")
-    head, _, action = s.partition("; ")
-    m = re.match(r"(.*?) (\d+) m ahead$", head)
-    if m:
-        return m.group(1).lower(), int(m.group(2)), action
-    return head.lower(), None, action
 
 
 def main(argv=None) -> int:

@@ -25,7 +25,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
+import os
 
 import numpy as np
 import torch
@@ -34,10 +37,14 @@ from torch import nn
 
 from mmspec.errors import InvalidInputError
 
+from .bundled import EXPERT_CONFIG, EXPERT_NAME, STUDENT_INFO
+from .clips import FRAMES_PER_CAMERA
 from .world import DT
 
 __all__ = ["TrajectoryExpert", "ACTION_MEAN", "ACTION_SCALE", "LEGACY_NORMALIZATION", "integrate_actions",
-           "time_embedding", "expert_attention_mask", "attention_mask_for", "next_text_positions", "StepCache"]
+           "time_embedding", "expert_attention_mask", "attention_mask_for", "next_text_positions", "StepCache",
+           "DrivingVLA", "save_expert", "load_expert", "TRAINED_CAMERAS", "TRAINED_FRAMES", "backbone_hash",
+           "student_info", "load_student"]
 
 # Per-dimension normalisation of (accel m/s^2, curvature 1/m): the expert driver's mean and standard deviation
 # over 60 train clips (-0.50 +- 1.02; 0.000 +- 0.0066). Flow matching starts from unit noise, so each action
@@ -278,3 +285,161 @@ class _StepPlan:
             j, prev = self.last
             self.rate = float((v - prev).norm() / prev.norm().clamp_min(1e-12)) / (i - j)
         self.last, self.acc, self.skipped = (i, v), 0.0, 0
+
+
+# ---------------------------------------------------------------------------- the VLA as one object
+TRAINED_CAMERAS, TRAINED_FRAMES = "mmspec_cameras", "mmspec_frames_per_camera"
+"""``config.json`` keys of a driving VLA: the cameras and frames per camera it was trained on (absent in
+folders saved before them: the workload's defaults, ``["front"]`` and 4)."""
+
+
+class DrivingVLA(torch.nn.Module):
+    """Backbone (``Qwen2VLForConditionalGeneration``) + :class:`~mmspec.drivers.vla.TrajectoryExpert`, saved
+    together: the backbone with ``save_pretrained`` (with its processor), the expert beside it."""
+
+    def __init__(self, backbone, processor, expert: TrajectoryExpert):
+        super().__init__()
+        self.backbone, self.expert = backbone, expert
+        self.processor = processor
+
+    def save_pretrained(self, path: str, dtype=None) -> None:
+        """Backbone, processor and expert under ``path``; ``dtype`` (e.g. ``torch.bfloat16``) stores the
+        weights compactly (loading upcasts to float32)."""
+        from mmspec.checkpoints import save_hf_compact
+        from mmspec.pipelines import TASK_KEY
+
+        os.makedirs(path, exist_ok=True)
+        # The folder says what it is, so MMSpecPipeline.from_pretrained returns a DrivingPipeline for it (the
+        # backbone alone is a plain qwen2_vl), and what it was trained on, so requests are checked against it.
+        config = self.backbone.config
+        setattr(config, TASK_KEY, "driving")
+        if getattr(config, TRAINED_CAMERAS, None) is None:
+            setattr(config, TRAINED_CAMERAS, ["front"])  # DrivingWorkload's default cameras and frame count
+        if getattr(config, TRAINED_FRAMES, None) is None:
+            setattr(config, TRAINED_FRAMES, FRAMES_PER_CAMERA)
+        if dtype is None:
+            self.backbone.save_pretrained(path)
+        else:
+            save_hf_compact(self.backbone, path, dtype)
+        self.processor.save_pretrained(path)
+        save_expert(self.expert, path, dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype="auto") -> "DrivingVLA":
+        """Load a VLA saved by :meth:`save_pretrained`; ``dtype="auto"`` runs it in the dtype its weights are
+        stored in (bf16 for the bundled one), ``"float32"`` (what training resumes in) or another name.
+
+        Example:
+            >>> DrivingVLA.from_pretrained(VLA_DIR).backbone.dtype                  # doctest: +SKIP
+            torch.bfloat16
+        """
+        from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+        from mmspec.checkpoints import resolve_dtype
+        from mmspec.checks import check_local_folder
+
+        path = check_local_folder(path, "driving VLA folder")  # said at once, not tried as a hub id
+        if not os.path.isfile(os.path.join(path, EXPERT_CONFIG)):
+            raise InvalidInputError(f"{path} is not a driving VLA folder (no {EXPERT_CONFIG}: "
+                                    "DrivingVLA.save_pretrained writes the backbone and the action expert together)")
+        dtype = resolve_dtype(dtype, path)
+        backbone = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
+        expert = load_expert(path, backbone.config.text_config)
+        vla = cls(backbone, AutoProcessor.from_pretrained(path), expert.to(backbone.dtype).eval())
+        vla.name_or_path = os.path.abspath(path)  # a distilled expert checks it was distilled on this backbone
+        return vla
+
+
+def save_expert(expert: TrajectoryExpert, path: str, dtype=None) -> None:
+    """The action expert's weights and settings (horizon, Euler steps, normalisation) under ``path``.
+
+    Example:
+        >>> save_expert(vla.expert, "/tmp/vla")                                       # doctest: +SKIP
+    """
+    from mmspec.checkpoints import save_state_compact
+
+    os.makedirs(path, exist_ok=True)
+    save_state_compact(expert.state_dict(), os.path.join(path, EXPERT_NAME), dtype)
+    with open(os.path.join(path, EXPERT_CONFIG), "w") as f:
+        json.dump({"horizon": expert.horizon, "num_steps": expert.num_steps,
+                   "action_mean": expert.action_mean.tolist(), "action_scale": expert.action_scale.tolist()}, f)
+
+
+def load_expert(path: str, text_config) -> TrajectoryExpert:
+    """The action expert saved by :func:`save_expert` under ``path`` (float32 weights as stored, upcast), for a
+    backbone with ``text_config``.
+
+    Example:
+        >>> load_expert("drivers/assets/driving-vla", vla.backbone.config.text_config).num_steps   # doctest: +SKIP
+        10
+    """
+    from safetensors.torch import load_file
+
+    with open(os.path.join(path, EXPERT_CONFIG)) as f:
+        expert = TrajectoryExpert(text_config, **{**LEGACY_NORMALIZATION, **json.load(f)})
+    expert.load_state_dict(load_file(os.path.join(path, EXPERT_NAME)))  # copied into float32 parameters
+    return expert.eval()
+
+
+# ---------------------------------------------------------------------------- a distilled few-step expert (a student)
+def backbone_hash(path: str) -> str:
+    """The first 16 hex digits of the SHA-256 over a VLA folder's backbone weights (``model*.safetensors``, sorted):
+    what a student was distilled on. A folder without them raises :class:`~mmspec.errors.InvalidInputError`.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> _ = open(os.path.join(d, "model.safetensors"), "wb").write(b"weights")
+        >>> backbone_hash(d)
+        '39c2875015b458ee'
+    """
+    names = sorted(n for n in os.listdir(path) if n.startswith("model") and n.endswith(".safetensors")) \
+        if os.path.isdir(path) else []
+    if not names:
+        raise InvalidInputError(f"{path} holds no backbone weights (model*.safetensors): not a saved VLA folder")
+    from mmspec.checkpoints import file_sha256
+
+    h = hashlib.sha256()
+    for name in names:
+        h.update(file_sha256(os.path.join(path, name)).encode())
+    return h.hexdigest()[:16]
+
+
+def student_info(path: str, vla_path: str) -> dict:
+    """The record (``distill.json``) of the distilled expert in ``path``, checked against the VLA folder ``vla_path``:
+    raises :class:`~mmspec.errors.InvalidInputError` unless ``path`` holds a student distilled on (or exported with)
+    that backbone.
+
+    Example:
+        >>> student_info("vla/fewstep", "vla")["student_steps"]                  # doctest: +SKIP
+        2
+    """
+    info_path = os.path.join(path, STUDENT_INFO)
+    if not os.path.isfile(info_path) or not os.path.isfile(os.path.join(path, EXPERT_NAME)):
+        raise InvalidInputError(f"{path} is not a distilled action expert (no {STUDENT_INFO} or {EXPERT_NAME}: "
+                                "python -m mmspec.drivers.distill writes one)")
+    with open(info_path) as f:
+        info = json.load(f)
+    have = backbone_hash(vla_path)
+    if have != info["backbone_sha256_16"]:
+        raise InvalidInputError(f"{path} was distilled on another backbone ({info['backbone_sha256_16']}, "
+                                f"{vla_path}'s is {have}): distil it again on this VLA")
+    return info
+
+
+def load_student(path: str, vla: DrivingVLA, vla_path: str | None = None):
+    """A distilled expert from ``path`` for ``vla`` (moved to its dtype and device). A student reads the backbone's
+    cache, so one distilled on another backbone (a fine-tune, say) is refused: ``vla_path`` (default: the folder
+    ``vla`` was loaded from, ``vla.name_or_path``) must hold the backbone it was distilled on; a VLA with no folder
+    cannot be checked and is refused too.
+
+    Example:
+        >>> student = load_student("/tmp/fewstep", vla, "drivers/assets/driving-vla")   # doctest: +SKIP
+    """
+    vla_path = vla_path or getattr(vla, "name_or_path", None)
+    if vla_path is None:
+        raise InvalidInputError("cannot check which backbone this VLA is (it was not loaded from a folder): save it and "
+                                "load it with DrivingVLA.from_pretrained before using a distilled expert")
+    student_info(path, vla_path)
+    p = next(vla.expert.parameters())
+    return load_expert(path, vla.backbone.config.text_config).to(device=p.device, dtype=p.dtype).eval()

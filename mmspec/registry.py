@@ -232,7 +232,8 @@ def drafter_kinds() -> list[str]:
 
 UNION_SEP = " & "
 """Joins drafter specs into one union drafter: ``"eagle:DIR & lookup;history_tokens=20000"`` (with the spaces,
-so a path may hold an ``&``)."""
+so a path may hold an ``&``). The spec grammar lives here; :mod:`mmspec.drafters.union` imports it and registers
+the ``union`` kind itself, so this module never imports the union drafter."""
 
 
 def make_drafter(spec, target_model, **kw):
@@ -435,20 +436,6 @@ def _draft_model_factory(target_model, path=None, model=None, num_draft_tokens: 
                              min_confidence=min_confidence)
 
 
-def _union_factory(target_model, path=None, drafters=(), budget=None, **options):
-    from .drafters.union import UnionDrafter
-
-    if path or options:
-        raise InvalidInputError(f"a union takes 'drafters' and 'budget' only (got path={path!r}, {sorted(options)})")
-    if isinstance(drafters, (str, dict)) or len(drafters) < 2:
-        raise InvalidInputError(f"a union needs a list of at least two drafter specs (got {drafters!r})")
-    try:
-        return UnionDrafter([make_drafter(d, target_model) for d in drafters], budget=budget)
-    except ValueError as e:
-        raise InvalidInputError(f"bad union options: {e}") from e
-
-
 register_drafter("lookup", _lookup_factory)
 register_drafter("reference-lookup", _reference_lookup_factory)
 register_drafter("draft-model", _draft_model_factory)
-register_drafter("union", _union_factory)

@@ -34,6 +34,8 @@ from mmspec.inputs import edit_distance, text_quality
 from mmspec.train import add_config_arguments, trim_log
 from mmspec.workloads import get_workload
 
+from .workloads.bundled import BUNDLED, EAGLE_DIR, TARGET_DIR, bundled_eagle, bundled_target  # noqa: F401
+
 TESTBED_WORKLOADS = {"docs": "testbed-docs", "charts": "testbed-charts"}
 """The testbed target reads the testbed's own pages: its workloads by their short names."""
 
@@ -1122,26 +1124,6 @@ def reference_tau(model, processor, workload: str, n: int = 20, max_new_tokens: 
             "exact_match": overall["exact_match"], "char_error_rate": overall["char_error_rate"],
             "by_kind": {k: {"reference_tau": s.tau, "rounds": s.row_rounds, "exact_match": quality[k]["exact_match"],
                             "char_error_rate": quality[k]["char_error_rate"]} for k, s in by_kind.items()}}
-
-
-BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
-TARGET_DIR = os.path.join(BUNDLED, "testbed-vlm")
-EAGLE_DIR = os.path.join(BUNDLED, "testbed-vlm-eagle")
-
-
-def bundled_target() -> str | None:
-    """The bundled trained testbed target's folder (``None`` if this install has none).
-
-    Example:
-        >>> bundled_target() is None or os.path.isfile(os.path.join(bundled_target(), "config.json"))
-        True
-    """
-    return TARGET_DIR if os.path.isfile(os.path.join(TARGET_DIR, "model.safetensors")) else None
-
-
-def bundled_eagle() -> str | None:
-    """The bundled EAGLE head trained for :func:`bundled_target` (``None`` if this install has none)."""
-    return EAGLE_DIR if os.path.isfile(os.path.join(EAGLE_DIR, "model.safetensors")) else None
 
 
 def export_target(src: str, out: str = TARGET_DIR, dtype=torch.bfloat16) -> str:

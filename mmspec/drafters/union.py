@@ -25,7 +25,8 @@ Example:
 
 from __future__ import annotations
 
-from ..registry import UNION_SEP
+from ..errors import InvalidInputError
+from ..registry import UNION_SEP, make_drafter, register_drafter
 from ..tree import DraftTree
 from .base import DraftContext, Drafter, RoundResult
 
@@ -82,3 +83,19 @@ class UnionDrafter(Drafter):
     def forget(self) -> None:
         for d in self.drafters:
             d.forget()
+
+
+def _union_factory(target_model, path=None, drafters=(), budget=None, **options):
+    """The ``union`` kind (``"A & B"`` specs come here through :func:`~mmspec.registry.make_drafter`); registered
+    by this module, so the registry never imports it."""
+    if path or options:
+        raise InvalidInputError(f"a union takes 'drafters' and 'budget' only (got path={path!r}, {sorted(options)})")
+    if isinstance(drafters, (str, dict)) or len(drafters) < 2:
+        raise InvalidInputError(f"a union needs a list of at least two drafter specs (got {drafters!r})")
+    try:
+        return UnionDrafter([make_drafter(d, target_model) for d in drafters], budget=budget)
+    except ValueError as e:
+        raise InvalidInputError(f"bad union options: {e}") from e
+
+
+register_drafter("union", _union_factory)

@@ -33,7 +33,13 @@ import torch
 
 from mmspec.errors import InvalidInputError
 
-__all__ = ["parse_hierarchical", "bench_hierarchical", "exact_blocks"]
+from ..reader.workloads import PAGE_PROMPTS as READER_PROMPTS
+from ..reader.workloads import ReaderDocsWorkload
+from ..workloads.docs import DENSE_PAGES, PAGE_PROMPTS, DocsWorkload, block_markdown
+from .hierarchical import is_reader
+
+__all__ = ["parse_hierarchical", "bench_hierarchical", "exact_blocks", "HierarchicalSystems", "HierarchicalDocsWorkload",
+           "HierarchicalReaderDocsWorkload"]
 
 _KEYS = {"pages": str, "page_tokens": int, "block_tokens": int, "layout": str}
 
@@ -95,8 +101,6 @@ def exact_blocks(text: str, blocks: list, types=None) -> tuple[int, int]:
         ...                              {"type": "paragraph", "text": "b d"}])
         (1, 2)
     """
-    from ..workloads.docs import block_markdown
-
     parts = [p.strip() for p in text.split("\n\n")]
     found = total = 0
     for b in blocks:
@@ -138,8 +142,6 @@ class _Run:
         tokens count each row's up to its end of turn."""
         from mmspec.decode import generate
 
-        from ..workloads.docs import PAGE_PROMPTS
-
         model = self.pipe.model
         t0 = time.perf_counter()
         if self.parser is not None:
@@ -147,7 +149,8 @@ class _Run:
             seconds = time.perf_counter() - t0
             return ([p.text for p in res.pages], seconds, res.stats, sum(p.truncated for p in res.pages), res.rows,
                     res.timings["layout"], sum(b["new_tokens"] for p in res.pages for b in p.blocks))
-        inputs = self.pipe.prepare(images=[[p] for p in pages], prompt=[PAGE_PROMPTS[0]] * len(pages)).to(model.device)
+        prompt = READER_PROMPTS[0] if is_reader(self.pipe) else PAGE_PROMPTS[0]  # the parser's rows get the same
+        inputs = self.pipe.prepare(images=[[p] for p in pages], prompt=[prompt] * len(pages)).to(model.device)
         with torch.no_grad():
             if self.drafter is None:
                 seq, stats = model.generate(**inputs, max_new_tokens=self.opts["page_tokens"], do_sample=False), None
@@ -169,8 +172,9 @@ def _summary(run: _Run, n_pages: int, refs: list, gold: list) -> dict:
     from mmspec.inputs import text_quality
 
     q = text_quality(run.texts, refs) or {}
-    found = [exact_blocks(t, g) for t, g in zip(run.texts, gold)]
-    tables = [exact_blocks(t, g, ("table",)) for t, g in zip(run.texts, gold)]
+    # the reader's pages carry no block list: block counts are the testbed world's
+    found = [exact_blocks(t, g) if g is not None else (0, 0) for t, g in zip(run.texts, gold)]
+    tables = [exact_blocks(t, g, ("table",)) if g is not None else (0, 0) for t, g in zip(run.texts, gold)]
     return {"pages_per_s": n_pages / run.time if run.time else None, "time_s": run.time,
             "char_error_rate": q.get("char_error_rate"), "exact_pages": q.get("exact_match"),
             "exact_blocks": sum(f for f, _ in found) / max(1, sum(t for _, t in found)),
@@ -192,8 +196,6 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
     """
     from tqdm.auto import tqdm
 
-    from ..workloads.docs import DENSE_PAGES, DocsWorkload
-
     parsed = [(s, parse_hierarchical(s, bundled)) for s in systems]
     n, _ = cfg.resolved_sizes()
     records = []
@@ -208,11 +210,17 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
                     records.append(_record(workload.name, spec, p, bs, n, pipe, None, None, cfg,
                                            "unsupported: hierarchical decoding is measured greedily (no --sample)"))
             continue
-        world = DocsWorkload(**DENSE_PAGES, seed=workload.seed) if pages_opt == "dense" else \
-            DocsWorkload(mode="page", seed=workload.seed)
+        if isinstance(workload, ReaderDocsWorkload):  # the reader's own pages (it reads no other)
+            if pages_opt == "dense" or layout is not None:
+                raise InvalidInputError("on the reader, hierarchical rows come from its own segmentation: "
+                                        "pages=dense and layout= are the testbed's")
+            world = workload
+        else:
+            world = DocsWorkload(**DENSE_PAGES, seed=workload.seed) if pages_opt == "dense" else \
+                DocsWorkload(mode="page", seed=workload.seed)
         examples = world.examples(cfg.split, n)
         refs = [e.target for e in examples]
-        gold = [e.meta["blocks"] for e in examples]
+        gold = [e.meta.get("blocks") for e in examples]
         drafters = list(dict.fromkeys(p["drafter"] for _, p in members if p["drafter"]))
         for bs in cfg.batch_sizes:
             runs = [_Run("full-page", None, pipe, opts), _Run("hierarchical", None, pipe, opts)]
@@ -312,3 +320,31 @@ def _record(workload: str, spec: str, p: dict, bs: int, n: int, pipe, runs, summ
               "target's greedy decoding of its block. Layout stage included in the time"),
     )
     return rec
+
+
+class HierarchicalSystems:
+    """The ``hierarchical`` systems a docs workload measures itself in ``mmspec bench`` (layout stage, then every
+    block as a row of one batch; see the module docstring). Mixed into the docs workloads here, and registered by
+    :mod:`mmspec.vision.documents` under their names, so the workload modules import no bench."""
+
+    own_systems = ("hierarchical",)
+
+    def check_own(self, systems, bundled=()):
+        """Parse each ``hierarchical`` spec (raises on bad options) before the bench loads anything."""
+        for s in systems:
+            parse_hierarchical(s, bundled)
+
+    def bench_own(self, pipe, systems, cfg, progress=True, bundled=()):
+        """Measure ``hierarchical`` systems against full-page decoding on this world's pages
+        (:func:`bench_hierarchical`)."""
+        return bench_hierarchical(self, pipe, systems, cfg, progress, bundled)
+
+
+class HierarchicalDocsWorkload(HierarchicalSystems, DocsWorkload):
+    """The ``testbed-docs`` workload as ``mmspec bench`` measures it: the pages of
+    :class:`~mmspec.vision.workloads.docs.DocsWorkload`, plus the ``hierarchical`` systems."""
+
+
+class HierarchicalReaderDocsWorkload(HierarchicalSystems, ReaderDocsWorkload):
+    """The reader's ``docs`` workload with the ``hierarchical`` systems (rows from the reader's own segmentation,
+    :class:`~mmspec.vision.documents.hierarchical.SegmentedRows`)."""

@@ -146,7 +146,7 @@ def reader_report(model: str | None = None, *, n: int = 40, n_charts: int | None
     """
     from mmspec import MMSpecPipeline
 
-    from . import bundled_reader
+    from .bundled import bundled_reader
     from .workloads import ReaderChartsWorkload, ReaderDocsWorkload
 
     torch.manual_seed(0)
@@ -224,7 +224,7 @@ def record_fallback_tau(model: str | None, report: dict) -> str:
     """
     import os
 
-    from . import bundled_reader
+    from .bundled import bundled_reader
     from .model import READER_MANIFEST
 
     path = os.path.join(model or bundled_reader(), READER_MANIFEST)

@@ -46,7 +46,7 @@ def reader_tokenizer(path: str | None = None):
     """
     from transformers import AutoTokenizer
 
-    from . import bundled_reader
+    from .bundled import bundled_reader
 
     return AutoTokenizer.from_pretrained(path or os.path.join(bundled_reader(), "tokenizer"))
 
@@ -70,7 +70,7 @@ class _ReaderWorkload(SeededWorkload):
         self.words, self.clean, self.spacing, self.seed = words, bool(clean), spacing, int(seed)
 
     def bundled_model(self):
-        from . import bundled_reader, is_reader_assets
+        from .bundled import bundled_reader, is_reader_assets
 
         path = bundled_reader()
         return path if is_reader_assets(path) else None

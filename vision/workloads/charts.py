@@ -27,6 +27,7 @@ from mmspec.errors import InvalidInputError
 from mmspec.workloads import Example
 
 from mmspec.workloads import SeededWorkload
+from .bundled import bundled_eagle, bundled_target
 from .render import PALETTE, Canvas, augment, font_families, get_font, line_height, text_width
 from .text import CITIES, COUNTRIES, MONTHS_SHORT, WEEKDAYS_SHORT
 
@@ -135,13 +136,9 @@ class ChartsWorkload(SeededWorkload):
     seed_key = "charts"
 
     def bundled_model(self):
-        from ..testbed import bundled_target
-
         return bundled_target()
 
     def bundled_drafters(self):
-        from ..testbed import bundled_eagle
-
         path = bundled_eagle()
         return [f"eagle:{path}"] if path and self.bundled_model() else []
 

@@ -33,6 +33,7 @@ from mmspec.errors import InvalidInputError
 from mmspec.workloads import Example
 
 from mmspec.workloads import SeededWorkload
+from .bundled import bundled_eagle, bundled_target
 from .render import Canvas, augment, font_families, get_font, line_height, text_width, wrap_words
 from .text import ScrambledTextGen, TextGen
 
@@ -306,33 +307,11 @@ class DocsWorkload(SeededWorkload):
     seed_key = "docs"  # the items drawn when this was the "docs" world stay the same
 
     def bundled_model(self):
-        from ..testbed import bundled_target
-
         return bundled_target()
 
     def bundled_drafters(self):
-        from ..testbed import bundled_eagle
-
         path = bundled_eagle()
         return [f"eagle:{path}"] if path and self.bundled_model() else []
-
-    own_systems = ("hierarchical",)
-    """``mmspec bench`` hands ``hierarchical`` systems (layout stage, then every block as a row of one batch) to
-    :meth:`bench_own` (see :mod:`mmspec.vision.documents.hpd_bench`)."""
-
-    def check_own(self, systems, bundled=()):
-        """Parse each ``hierarchical`` spec (raises on bad options) before the bench loads anything."""
-        from ..documents.hpd_bench import parse_hierarchical
-
-        for s in systems:
-            parse_hierarchical(s, bundled)
-
-    def bench_own(self, pipe, systems, cfg, progress=True, bundled=()):
-        """Measure ``hierarchical`` systems against full-page decoding on this world's pages
-        (:func:`~mmspec.vision.documents.hpd_bench.bench_hierarchical`)."""
-        from ..documents.hpd_bench import bench_hierarchical
-
-        return bench_hierarchical(self, pipe, systems, cfg, progress, bundled)
 
     def __init__(self, width: int = 336, height: int = 448, *, min_blocks: int = 2, max_blocks: int = 3,
                  mode: str = "mix", block_fraction: float = 0.3, line_fraction: float = 0.0,
