@@ -401,3 +401,28 @@ def test_hierarchical_rows_on_the_reader_read_the_page_and_speculation_keeps_eac
     assert [b["text"] for b in spec.pages[0].blocks] == [b["text"] for b in plain.pages[0].blocks]
     assert spec.stats.mean_accepted_length > 2
     assert cer([plain.pages[0].text], [ex.target])["cer"] <= 0.1, (plain.pages[0].text, ex.target)
+
+
+@pytest.mark.slow
+def test_parse_docs_hierarchical_on_the_reader_takes_its_rows_and_page_prompt(bundled_pipe, tmp_path):
+    """``parse-docs --hierarchical`` with the reader: rows from its own segmentation (no layout detector), read with
+    its page prompt; a layout detector named for it is refused."""
+    import json
+
+    from mmspec.vision.documents import ParseConfig, parse_documents
+    from mmspec.vision.reader.evaluate import cer
+    from mmspec.workloads import get_workload
+
+    ex = get_workload("docs").example("test", 1002)
+    src = tmp_path / "pages"
+    src.mkdir()
+    ex.images[0].save(src / "page.png")
+    cfg = dict(inputs=[str(src)], out=str(tmp_path / "out"), progress=False, drafter="page-lookup",
+               max_new_tokens=160, hierarchical=True)
+    summary = parse_documents(ParseConfig(**cfg), pipe=bundled_pipe)
+    assert summary["job_failed"] == 0 and summary["decoded"] == 1
+    (rec,) = map(json.loads, open(tmp_path / "out" / "pages.jsonl"))
+    assert rec["status"] == "ok" and len(rec["blocks"]) >= 3 and {b["type"] for b in rec["blocks"]} == {"lines"}
+    assert cer([rec["text"]], [ex.target])["cer"] <= 0.1, (rec["text"], ex.target)
+    with pytest.raises(InvalidInputError, match="own segmentation"):
+        parse_documents(ParseConfig(**{**cfg, "out": str(tmp_path / "o2")}, layout=str(tmp_path)), pipe=bundled_pipe)

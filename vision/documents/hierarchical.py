@@ -226,6 +226,8 @@ class HierarchicalParser:
         max_new_tokens: tokens per block at most (a block ends at the target's end of turn well before).
         max_rows: rows per batch at most (longer lists of blocks go in several batches, similar heights
             together).
+
+    On the reader, a row also stops at a line that starts with its prompt's first word (``stop_strings``).
     """
 
     def __init__(self, pipe, layout=None, drafter=None, prompt: str | None = None, max_new_tokens: int = 512,
@@ -252,6 +254,9 @@ class HierarchicalParser:
 
             prompt = READER_PROMPTS[0]  # a row is a (small) page to the reader
         self.prompt = prompt or BLOCK_PROMPTS[0]
+        # A row ends where the reader starts echoing its prompt on a line of its own (what it does past the last
+        # line of a short crop, before its end of turn): the rest of that row would only be cut off by assemble.
+        self.stop_strings = ("\n" + self.prompt.split()[0],) if reader else ()
         self.max_new_tokens, self.max_rows = int(max_new_tokens), int(max_rows)
 
     def detect(self, pages: list) -> list[list[dict]]:
@@ -276,6 +281,7 @@ class HierarchicalParser:
         stats = None
         order = sorted(range(len(images)), key=lambda i: images[i].height)
         model = self.pipe.model
+        stop = {"stop_strings": list(self.stop_strings), "tokenizer": self.pipe.tokenizer} if self.stop_strings else {}
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
         for s in range(0, len(order), self.max_rows):
@@ -284,10 +290,10 @@ class HierarchicalParser:
             inputs = inputs.to(model.device)
             with torch.no_grad():
                 if self.drafter is None:
-                    seq = model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False)
+                    seq = model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False, **stop)
                 else:
                     out = generate(model, inputs, drafter=self.drafter, max_new_tokens=self.max_new_tokens,
-                                   do_sample=False)
+                                   do_sample=False, **stop)
                     seq = out.sequences
                     stats = out.stats if stats is None else stats.merge(out.stats)
             plen = inputs["input_ids"].shape[1]

@@ -234,6 +234,21 @@ def _default_model(model):
     return model
 
 
+def _reads_with_the_reader(pipe, cfg: ParseConfig) -> bool:
+    """Whether the job's model is the reader (a loaded pipeline's processor, else the model folder's files)."""
+    from ..reader.bundled import is_reader_assets
+    from ..reader.processor import PageReaderProcessor
+    from .hierarchical import is_reader
+
+    if pipe is not None:
+        return is_reader(pipe)
+    try:
+        model = _default_model(cfg.model)
+    except InvalidInputError:
+        return False  # said again, with the job's other checks, where the model is needed
+    return is_reader_assets(model) or PageReaderProcessor.is_reader_folder(model)
+
+
 def _load_pipe(model: str, drafter, cfg: ParseConfig):
     import torch
 
@@ -496,7 +511,11 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
     sources = discover(cfg.inputs, exclude=out)
     if cfg.layout is not None and not cfg.hierarchical:
         raise InvalidInputError("--layout applies to --hierarchical decoding")
-    if cfg.hierarchical:  # an unreadable detector is said before any page is counted or any model loads
+    reader = _reads_with_the_reader(pipe, cfg)
+    if cfg.hierarchical and reader and cfg.layout is not None:
+        raise InvalidInputError("--layout names a layout detector; on the reader, hierarchical rows come from its "
+                                "own segmentation")
+    if cfg.hierarchical and not reader:  # an unreadable detector is said before any page is counted or any model loads
         from .layout import LayoutDetector, bundled_layout
 
         if (cfg.layout or bundled_layout()) is None:
@@ -504,7 +523,7 @@ def parse_documents(cfg: ParseConfig, pipe=None) -> dict:
         LayoutDetector.from_pretrained(cfg.layout or bundled_layout())
     if cfg.prompt is not None:
         prompt = cfg.prompt
-    elif cfg.hierarchical:
+    elif cfg.hierarchical and not reader:  # the reader reads a row as a small page, with its page prompt
         from ..workloads.docs import BLOCK_PROMPTS
 
         prompt = BLOCK_PROMPTS[0]
