@@ -42,8 +42,10 @@ def wheel(tmp_path_factory) -> Path:
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, src / f)
     out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(out), str(src)], capture_output=True, text=True)
+    # build isolation: pip installs the build backend pyproject.toml asks for (setuptools>=68) from the package
+    # index, as for any user; a venv's own setuptools may be older (Python 3.11's ensurepip bundles 65.5)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     (whl,) = out.glob("mmspec-*.whl")
     return whl
