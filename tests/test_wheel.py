@@ -93,6 +93,6 @@ def test_the_installed_wheel_runs_the_demo_offline_outside_the_checkout(wheel, t
                             "print(mmspec.vision.__file__)"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert where.returncode == 0, where.stderr[-2000:]
     assert all(line.startswith(site) for line in where.stdout.split()), where.stdout  # the wheel's, not the checkout's
-    done = subprocess.run([str(entry), "demo", "--max-new-tokens", "96"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([str(entry), "demo", "--max-new-tokens", "48"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert "equals model.generate" in done.stdout and "target passes" in done.stdout, done.stdout[-2000:]
