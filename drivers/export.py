@@ -59,7 +59,7 @@ def export_vla(src: str, out: str = VLA_DIR, dtype=torch.bfloat16, student: str 
 
 def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat16) -> str:
     """Ship ``student`` (distilled on the VLA folder ``src_vla``) inside ``out_vla``, the exported copy of
-    ``src_vla`` (:func:`~mmspec.drivers.train_vla.export_vla`), as ``out_vla/fewstep`` with weights in ``dtype``.
+    ``src_vla`` (:func:`~mmspec.drivers.export.export_vla`), as ``out_vla/fewstep`` with weights in ``dtype``.
     The export rounds the backbone, so its weights hash changes: the student is re-bound to the exported backbone
     (``distilled_on`` keeps the hash it was distilled on). Refused unless the student was distilled on ``src_vla``
     and ``out_vla``'s backbone is ``src_vla``'s rounded to ``dtype``, tensor for tensor.

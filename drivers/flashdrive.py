@@ -406,7 +406,7 @@ class _Template:
 
 
 class FlashDriveEngine:
-    """Runs one tick of a :class:`~mmspec.drivers.train_vla.DrivingVLA` with the mechanisms of ``config``.
+    """Runs one tick of a :class:`~mmspec.drivers.vla.DrivingVLA` with the mechanisms of ``config``.
 
     Used by :class:`~mmspec.drivers.pipeline.DrivingPipeline` (``flashdrive=``); :meth:`reset` ends a clip.
 

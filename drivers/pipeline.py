@@ -45,11 +45,11 @@ class DrivingPipeline(MMSpecPipeline):
     """Plain (non-speculative) driving VLA inference: frames + ego history -> reasoning + 6.4 s trajectory.
 
     ``MMSpecPipeline.from_pretrained(folder)`` returns one for a folder whose config says ``"mmspec_task":
-    "driving"`` (what :meth:`~mmspec.drivers.train_vla.DrivingVLA.save_pretrained` writes); so does
+    "driving"`` (what :meth:`~mmspec.drivers.vla.DrivingVLA.save_pretrained` writes); so does
     ``DrivingPipeline.from_pretrained(folder)``.
 
     Args:
-        vla: a :class:`~mmspec.drivers.train_vla.DrivingVLA`.
+        vla: a :class:`~mmspec.drivers.vla.DrivingVLA`.
         cameras: camera names the frames come from (in order, each with the same number of frames); default
             the cameras the model was trained on.
         max_reasoning_tokens: cap on the reasoning length.

@@ -5,7 +5,7 @@ Each system loads the bundled VLA (``drivers/assets/driving-vla``) through ``Dri
 the few-step action expert, the system level and speculative reasoning with the bundled drafter). Both drive the
 same test scenarios of the driving world (``mmspec.drivers.world``): the expert drives the first 2 s (the
 model's ego history), then the model plans every tick (10 Hz) from the last four front-camera frames and the
-ego executes the plan (``mmspec.drivers.train_vla.model_policy`` inside ``simulate``). Every tick prints the
+ego executes the plan (``mmspec.drivers.pipeline.model_policy`` inside ``simulate``). Every tick prints the
 per-stage latency from ``DrivingPipeline.step``'s ``timings_ms`` (preprocess, encode, prefill, decode, action,
 total) and whether the tick met the budget; at the end one summary line per system (median and p90 tick, ticks
 over budget, incidents). ``mmspec drive-sim`` is the full benchmark of the same loop (open-loop clip replay too,
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from mmspec.drivers import DrivingPipeline
-from mmspec.drivers.pipeline import STAGES
-from mmspec.drivers.train_vla import bundled_vla, model_policy
+from mmspec.drivers.bundled import bundled_vla
+from mmspec.drivers.pipeline import STAGES, model_policy
 from mmspec.drivers.world import DT, INCIDENTS, SCENARIO_KINDS, safety_events, scenario_for, simulate
 from mmspec.workloads import get_workload
 
