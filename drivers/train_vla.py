@@ -28,7 +28,7 @@ import torch
 from mmspec.drafters.eagle import warmup_cosine
 from mmspec.errors import InvalidInputError
 from mmspec.train import add_config_arguments, trim_log
-from mmspec.vision.testbed import PatchReader
+from mmspec.vision.testbed_train import PatchReader
 from mmspec.workloads import get_workload
 
 from .bundled import VLA_DIR, bundled_vla

@@ -14,7 +14,7 @@ from mmspec.drivers.train_vla import (DrivingVLA, RoadReader, VLATrainConfig, co
 from mmspec.drivers.workload import load_rollouts
 from mmspec.drivers.world import LABELS
 from mmspec.errors import InvalidInputError
-from mmspec.vision.testbed import PatchReader
+from mmspec.vision.testbed_train import PatchReader
 from mmspec.workloads import get_workload
 
 

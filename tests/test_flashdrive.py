@@ -359,7 +359,7 @@ def test_streaming_mask_under_eager_attention_is_additive():
     it is converted; the loss equals sdpa's under the same (bool) mask, and differs from the unmasked loss."""
     from mmspec.drivers.train_vla import vla_losses
     from mmspec.drivers.world import LABELS
-    from mmspec.vision.testbed import PatchReader
+    from mmspec.vision.testbed_train import PatchReader
     from mmspec.workloads import get_workload
 
     vla = _tiny(2)

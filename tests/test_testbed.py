@@ -1,5 +1,6 @@
-"""The testbed target's training pieces: batches with answer-only labels, the character-reader targets,
-a resumable training run, and evaluation."""
+"""The testbed target, its runtime (:mod:`mmspec.vision.testbed`: batches with answer-only labels, evaluation,
+grounding, the reference drafter's τ) and its training (:mod:`mmspec.vision.testbed_train`: the character-reader
+targets, a resumable training run, grow / remerge / ungroup-kv, export), and the direction between the two."""
 
 import json
 import math
@@ -8,9 +9,10 @@ import multiprocessing
 import pytest
 import torch
 
-from mmspec.vision.testbed import (CHARSET, MERGE, PATCH, TargetTrainConfig, aux_targets, build_target,
-                                   char_locations, evaluate, export_target, grounding, make_batch, reading_targets,
-                                   reference_ids, reference_tau, self_feed_inputs, train_target)
+from mmspec.vision.testbed import (MERGE, PATCH, build_target, evaluate, grounding, make_batch, reference_ids,
+                                   reference_tau)
+from mmspec.vision.testbed_train import (CHARSET, TargetTrainConfig, aux_targets, char_locations, export_target,
+                                         reading_targets, self_feed_inputs, train_target)
 from mmspec.workloads import get_workload
 
 
@@ -126,7 +128,7 @@ def test_reading_targets_point_at_the_cell_of_the_next_token(tiny, examples):
 
 
 def test_patch_reading_loss_rewards_reading_not_silence():
-    from mmspec.vision.testbed import patch_reading_loss
+    from mmspec.vision.testbed_train import patch_reading_loss
 
     torch.manual_seed(0)
     y = torch.zeros(6, 4, len(CHARSET))
@@ -252,10 +254,10 @@ def test_reference_tau_counts_rounds_by_kind(tiny):
 def test_probe_warmup_detaches_the_fresh_probes_features(tmp_path, monkeypatch):
     """During the probe warm-up the patch reader and the locator see detached features (no gradient from a
     probe that knows nothing reaches the tower or the first layer); afterwards they train them again."""
-    from mmspec.vision import testbed
+    from mmspec.vision import testbed_train
 
     seen = {"reader": [], "locator": []}
-    reader_forward, locator_loss = testbed.PatchReader.forward, testbed._Locator.loss
+    reader_forward, locator_loss = testbed_train.PatchReader.forward, testbed_train._Locator.loss
 
     def forward(self, h):
         seen["reader"].append(h.requires_grad)
@@ -265,8 +267,8 @@ def test_probe_warmup_detaches_the_fresh_probes_features(tmp_path, monkeypatch):
         seen["locator"].append(h.requires_grad)
         return locator_loss(self, h, batch, image_id)
 
-    monkeypatch.setattr(testbed.PatchReader, "forward", forward)
-    monkeypatch.setattr(testbed._Locator, "loss", loss)
+    monkeypatch.setattr(testbed_train.PatchReader, "forward", forward)
+    monkeypatch.setattr(testbed_train._Locator, "loss", loss)
     cfg = TargetTrainConfig(out=str(tmp_path), size="tiny", steps=3, batch_size=2, save_every=3, tokenizer_texts=100,
                             vocab_size=400, warmup=1, probe_warmup=2)
     train_target(cfg, progress=False)
@@ -279,7 +281,7 @@ def test_grow_target_is_the_same_function_with_more_layers(tiny, examples, tmp_p
     from transformers import Qwen2VLForConditionalGeneration
 
     from mmspec.errors import InvalidInputError
-    from mmspec.vision.testbed import grow_target
+    from mmspec.vision.testbed_train import grow_target
 
     model, processor = tiny
     src, out = tmp_path / "src", tmp_path / "grown"
@@ -316,7 +318,8 @@ def test_remerge_target_gives_one_vision_token_per_patch_and_trains(tiny, exampl
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
     from mmspec.errors import InvalidInputError
-    from mmspec.vision.testbed import PatchReader, merge_size, remerge_target
+    from mmspec.vision.testbed import merge_size
+    from mmspec.vision.testbed_train import PatchReader, remerge_target
 
     model, processor = tiny
     src, out = tmp_path / "src", tmp_path / "m1"
@@ -360,7 +363,7 @@ def test_remerge_target_gives_one_vision_token_per_patch_and_trains(tiny, exampl
 
 
 def test_ordered_targets_spell_each_token_in_reading_order(examples):
-    from mmspec.vision.testbed import ordered_targets
+    from mmspec.vision.testbed_train import ordered_targets
 
     ex = examples[0]
     w, h = ex.images[0].size
@@ -382,7 +385,7 @@ def test_ordered_targets_spell_each_token_in_reading_order(examples):
 
 
 def test_ordered_reading_loss_rewards_the_right_order():
-    from mmspec.vision.testbed import patch_reading_loss
+    from mmspec.vision.testbed_train import patch_reading_loss
 
     y = torch.zeros(3, 4, dtype=torch.long)
     y[0, :2] = torch.tensor([34, 35])  # token 0 shows two characters, in this order; tokens 1-2 show nothing
@@ -420,7 +423,7 @@ def test_vision_only_training_changes_the_tower_alone(tmp_path):
 
 
 def test_spelling_table_spells_every_printable_token(tiny):
-    from mmspec.vision.testbed import SPELL, spelling_table
+    from mmspec.vision.testbed_train import SPELL, spelling_table
 
     _, proc = tiny
     tok = proc.tokenizer
@@ -445,7 +448,7 @@ def test_spelling_table_spells_every_printable_token(tiny):
 
 def test_relay_loss_spells_the_token_the_head_reads(tiny, examples):
     """The relay targets are the ordered characters of the image token each reading position points at."""
-    from mmspec.vision.testbed import PatchReader, _relay_loss, ordered_targets
+    from mmspec.vision.testbed_train import PatchReader, _relay_loss, ordered_targets
 
     model, proc = tiny
     ex = [e for e in examples if len(e.images) == 1][:2]
@@ -475,7 +478,7 @@ def test_relay_loss_spells_the_token_the_head_reads(tiny, examples):
 def test_ungroup_kv_target_is_the_same_function(tiny, examples, tmp_path):
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
-    from mmspec.vision.testbed import ungroup_kv_target
+    from mmspec.vision.testbed_train import ungroup_kv_target
 
     model, proc = tiny
     model.save_pretrained(tmp_path / "src")
@@ -537,7 +540,7 @@ def test_device_strings_and_bf16_support_are_checked_before_the_model_loads(tmp_
     """``cuda:x`` is an input error (torch.device would raise a RuntimeError), as are a GPU index past the ones
     torch sees and bf16 on a GPU without it; the GPU side is checked here with torch's answers patched."""
     from mmspec.errors import InvalidInputError
-    from mmspec.vision import testbed
+    from mmspec.vision import testbed_train
 
     for bad in ("cuda:x", "cuda:", "cuda:-1", "cuda:0:1", "gpu"):
         with pytest.raises(InvalidInputError, match="device must be"):
@@ -545,14 +548,14 @@ def test_device_strings_and_bf16_support_are_checked_before_the_model_loads(tmp_
     assert not (tmp_path / "train_log.jsonl").exists()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(testbed, "_cuda_bf16", lambda index: index == 0)  # cuda:0 has bf16, cuda:1 does not
+    monkeypatch.setattr(testbed_train, "_cuda_bf16", lambda index: index == 0)  # cuda:0 has bf16, cuda:1 does not
     with pytest.raises(InvalidInputError, match="sees 2 CUDA device"):
-        testbed._train_device(TargetTrainConfig(device="cuda:2"))
+        testbed_train._train_device(TargetTrainConfig(device="cuda:2"))
     with pytest.raises(InvalidInputError, match="no native bfloat16"):
-        testbed._train_device(TargetTrainConfig(device="cuda:1", amp="bf16"))
-    assert testbed._train_device(TargetTrainConfig(device="cuda:1")) == (torch.device("cuda:1"), None)  # auto
-    assert testbed._train_device(TargetTrainConfig(device="cuda")) == (torch.device("cuda"), torch.bfloat16)
-    assert testbed._train_device(TargetTrainConfig(device="auto", amp="none")) == (torch.device("cuda"), None)
+        testbed_train._train_device(TargetTrainConfig(device="cuda:1", amp="bf16"))
+    assert testbed_train._train_device(TargetTrainConfig(device="cuda:1")) == (torch.device("cuda:1"), None)  # auto
+    assert testbed_train._train_device(TargetTrainConfig(device="cuda")) == (torch.device("cuda"), torch.bfloat16)
+    assert testbed_train._train_device(TargetTrainConfig(device="auto", amp="none")) == (torch.device("cuda"), None)
 
 
 def test_bf16_autocast_on_the_cpu_trains_and_saves_float32(tiny, tmp_path):
@@ -561,7 +564,7 @@ def test_bf16_autocast_on_the_cpu_trains_and_saves_float32(tiny, tmp_path):
     embedding's bf16 Conv3d backward is slow on a CPU (about 16 s a step at batch 2 of pages and charts)."""
     from transformers import Qwen2VLForConditionalGeneration
 
-    from mmspec.vision.testbed import load_probes
+    from mmspec.vision.testbed_train import load_probes
 
     model, proc = tiny
     model.save_pretrained(tmp_path / "init")
@@ -585,7 +588,7 @@ def test_probes_load_from_state_pt_else_probes_pt(tmp_path):
     """load_probes: a run's state.pt first (its optimizer and step left out), else probes.pt (save_probes'), else
     a clear error; the probe scripts' ordered reader refuses a reader of another kind by its shape."""
     from mmspec.errors import InvalidInputError
-    from mmspec.vision.testbed import PatchReader, _ordered_reader, load_probes, save_probes
+    from mmspec.vision.testbed_train import PatchReader, _ordered_reader, load_probes, save_probes
 
     with pytest.raises(InvalidInputError, match="neither state.pt"):
         load_probes(str(tmp_path))
@@ -668,3 +671,21 @@ def test_train_gpu_script_round_trip_on_the_cpu(tiny, tmp_path):
     assert set(torch.load(back / "probes.pt", weights_only=True)) == {"reader", "locator"}
     assert [json.loads(line)["step"] for line in (back / "train_log.jsonl").read_text().splitlines()] == list(
         range(1, summary["steps"] + 1))
+
+
+def test_training_imports_the_runtime_never_the_reverse():
+    """Only training code reaches :mod:`mmspec.vision.testbed_train` (directly or through other modules, lazy imports
+    counted: the import graph of tests/test_import_order.py); the training module itself imports the runtime."""
+    from test_import_order import import_graph
+
+    graph = import_graph()
+    train = "mmspec.vision.testbed_train"
+    reach, todo = set(), [train]
+    while todo:
+        module = todo.pop()
+        for importer in (m for m, deps in graph.items() if module in deps and m not in reach):
+            reach.add(importer)
+            todo.append(importer)
+    training = {"mmspec.drivers.train_vla", "mmspec.drivers.distill"}  # the VLA's training and its distillation
+    assert reach <= training, f"runtime modules importing the testbed's training: {sorted(reach - training)}"
+    assert "mmspec.vision.testbed" in graph[train] and train not in graph["mmspec.vision.testbed"]

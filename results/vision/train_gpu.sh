@@ -57,7 +57,7 @@
 # script on a CPU), WORKERS (data workers, default nproc - 2, capped by /dev/shm), CARRY (default .carry), OUT (set
 # by the device tool), RUN_DIR (default /tmp/testbed-run), PY (default python3), SAVE_DTYPE (auto|float32|bfloat16),
 # INIT_DTYPE and WHEEL (prepare).
-# Arguments after `train` go to `python -m mmspec.vision.testbed train` unchanged; --init, --out, --device,
+# Arguments after `train` go to `python -m mmspec.vision.testbed_train train` unchanged; --init, --out, --device,
 # --data-workers and --max-minutes are set here.
 set -euo pipefail
 
@@ -76,7 +76,7 @@ prepare)
     mkdir -p "$CARRY/fonts" "$CARRY/whl"
     SRC="$src" DST="$CARRY" INIT_DTYPE=${INIT_DTYPE:-bfloat16} "$PY" - <<'EOF'
 import os, shutil, torch
-from mmspec.vision.testbed import export_target, load_probes, save_probes
+from mmspec.vision.testbed_train import export_target, load_probes, save_probes
 from mmspec.vision.workloads.render import _font_files, font_families
 
 src, dst = os.environ["SRC"], os.environ["DST"]
@@ -154,11 +154,11 @@ train)
     left=$(( budget - SECONDS ))
     max_min=$(awk -v s="$left" 'BEGIN {printf "%.4f", (s > 1 ? s : 1) / 60}')
     # One process (each start imports torch): mmspec imported from this checkout (through the tree or an install
-    # of it) with the carried transformers, the fonts found checked, then `python -m mmspec.vision.testbed train`.
+    # of it) with the carried transformers, the fonts found checked, then `python -m mmspec.vision.testbed_train train`.
     rc=0
     FONTS_WANTED=$fonts_wanted timeout --kill-after=10 $(( (left > 0 ? left : 0) + 60 )) "$PY" -c '
 import json, os, sys
-import mmspec.vision.testbed as t
+import mmspec.vision.testbed_train as t
 from mmspec.vision.workloads.render import font_families
 here = os.path.realpath(".") + os.sep
 assert os.path.realpath(t.__file__).startswith(here), f"mmspec imported from {t.__file__}, not from {here}"
@@ -181,7 +181,7 @@ sys.exit(t.main(["train", *sys.argv[1:]]))' --init "$CARRY/init" --out "$run" --
     RUN="$run" PACK="$run-pack" SAVE_DTYPE=${SAVE_DTYPE:-auto} TRAIN_RC=$rc "$PY" - <<'EOF'
 import json, os, shutil, torch
 from mmspec.train import trim_log
-from mmspec.vision.testbed import export_target, load_probes, save_probes
+from mmspec.vision.testbed_train import export_target, load_probes, save_probes
 
 run, pack = os.environ["RUN"], os.path.join(os.environ["PACK"], "ckpt")
 state = os.path.join(run, "state.pt")  # written after the weights: the step they hold (none: the first save died)

@@ -1,7 +1,8 @@
 """Where the testbed's trained models ship: the 12M target VLM and its EAGLE head under ``vision/assets``.
 
 Path lookups only (no model code): the ``testbed-docs`` and ``testbed-charts`` workloads name their bundled model
-and drafter from here, and :mod:`mmspec.vision.testbed` (which trains and exports them) writes to the same folders.
+and drafter from here, and :mod:`mmspec.vision.testbed_train` (which trains and exports them) writes to the same
+folders.
 
 Example:
     >>> bundled_target() is None or os.path.isfile(os.path.join(bundled_target(), "config.json"))

@@ -12,7 +12,8 @@ import json, sys, time, torch
 torch.set_num_threads(int(__import__("os").environ.get("THREADS", "1")))
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutputWithPooling
-from mmspec.vision.testbed import CHARSET, make_batch, merge_size, ordered_targets
+from mmspec.vision.testbed import make_batch, merge_size
+from mmspec.vision.testbed_train import CHARSET, ordered_targets
 from mmspec.workloads import get_workload
 init, log, steps, lr = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 bs = int(sys.argv[5]) if len(sys.argv) > 5 else 8

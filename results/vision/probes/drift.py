@@ -7,7 +7,8 @@ import json, sys, torch, time
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 from mmspec.inputs import edit_distance as _edit_distance
-from mmspec.vision.testbed import bundled_target, make_batch, char_locations
+from mmspec.vision.testbed import bundled_target, make_batch
+from mmspec.vision.testbed_train import char_locations
 from mmspec.workloads import get_workload
 path = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] else bundled_target()
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 12

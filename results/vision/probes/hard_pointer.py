@@ -8,7 +8,8 @@ import sys, torch
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl import modeling_qwen2_vl as mq
-from mmspec.vision.testbed import make_batch, reading_targets
+from mmspec.vision.testbed import make_batch
+from mmspec.vision.testbed_train import reading_targets
 from mmspec.workloads import get_workload
 path = sys.argv[1]; n = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 scr = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0

@@ -5,7 +5,8 @@
 import sys, torch
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-from mmspec.vision.testbed import CHARSET, make_batch, merge_size, ordered_targets
+from mmspec.vision.testbed import make_batch, merge_size
+from mmspec.vision.testbed_train import CHARSET, ordered_targets
 from mmspec.workloads import get_workload
 path = sys.argv[1]; n_train = int(sys.argv[2]) if len(sys.argv) > 2 else 48; n_test = int(sys.argv[3]) if len(sys.argv) > 3 else 16
 scr = float(sys.argv[4]) if len(sys.argv) > 4 else 0.5

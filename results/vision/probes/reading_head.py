@@ -3,7 +3,8 @@
 import sys, torch, json
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-from mmspec.vision.testbed import bundled_target, make_batch, reading_targets
+from mmspec.vision.testbed import bundled_target, make_batch
+from mmspec.vision.testbed_train import reading_targets
 from mmspec.workloads import get_workload
 path = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] else bundled_target()
 model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()

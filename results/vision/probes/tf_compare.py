@@ -5,7 +5,8 @@
 import sys, torch
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-from mmspec.vision.testbed import TargetTrainConfig, _examples, make_batch
+from mmspec.vision.testbed import make_batch
+from mmspec.vision.testbed_train import TargetTrainConfig, _examples
 from mmspec.workloads import get_workload
 cfg = TargetTrainConfig(batch_size=4, docs_fraction=0.75,
                         workload_options={"docs": {"mode": "mix", "line_fraction": 0.15, "block_fraction": 0.35},

@@ -4,7 +4,8 @@ import sys, torch
 torch.set_num_threads(1)
 from collections import Counter
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-from mmspec.vision.testbed import make_batch, char_locations, PATCH, merge_size, _chat_prompts
+from mmspec.vision.testbed import make_batch, PATCH, merge_size, _chat_prompts
+from mmspec.vision.testbed_train import char_locations
 from mmspec.workloads import get_workload
 path = sys.argv[1]
 model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()

@@ -4,7 +4,8 @@
 import os, sys, torch
 torch.set_num_threads(1)
 from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
-from mmspec.vision.testbed import _ordered_reader, load_probes, make_batch, merge_size, ordered_targets
+from mmspec.vision.testbed import make_batch, merge_size
+from mmspec.vision.testbed_train import _ordered_reader, load_probes, ordered_targets
 from mmspec.errors import InvalidInputError
 from mmspec.workloads import get_workload
 path = sys.argv[1]; n = int(sys.argv[2]) if len(sys.argv) > 2 else 16
