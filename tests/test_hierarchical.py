@@ -144,6 +144,27 @@ def test_hierarchical_rows_equal_each_block_decoded_alone(vlm_pipe):
         HierarchicalParser(vlm_pipe, LayoutDetector(width=8)).parse([])
 
 
+def test_rows_stop_at_their_budget_and_the_batch_at_its_largest(vlm_pipe):
+    """A row whose expected length the layout gives stops after ``row_budget`` x that + 8 tokens: its text is its
+    own decoding with that budget, whatever the other rows of its batch were given."""
+    ex = DocsWorkload(mode="page").examples("test", 1)[0]
+    lay = [dict(b, tokens=t) for b, t in zip(_gold_layout(ex), [1, 6, 1, 6, 1, 6])]
+    hp = HierarchicalParser(vlm_pipe, LayoutDetector(width=8), max_new_tokens=16, row_budget=1.0)
+    assert [hp.budget(b["tokens"]) for b in lay] == [min(16, b["tokens"] + 8) for b in lay]
+    page = hp.parse([ex.images[0]], blocks=[lay]).pages[0]
+    alone = [HierarchicalParser(vlm_pipe, LayoutDetector(width=8), max_new_tokens=hp.budget(b["tokens"]),
+                                row_budget=None) for b in lay]
+    crops = hp.crops(ex.images[0], lay)
+    assert [b["new_tokens"] for b in page.blocks] == [a.decode_rows([c])[1][0] for a, c in zip(alone, crops)]
+    assert [b["text"] for b in page.blocks] == [a.decode_rows([c])[0][0].strip() for a, c in zip(alone, crops)]
+    assert max(b["new_tokens"] for b in page.blocks) <= 14 and min(b["new_tokens"] for b in page.blocks) <= 9
+    free = HierarchicalParser(vlm_pipe, LayoutDetector(width=8), max_new_tokens=16, row_budget=None)
+    free_counts = [b["new_tokens"] for b in free.parse([ex.images[0]], blocks=[lay]).pages[0].blocks]
+    assert any(f > b["new_tokens"] for f, b in zip(free_counts, page.blocks))  # the budget did cut rows
+    with pytest.raises(InvalidInputError):
+        HierarchicalParser(vlm_pipe, LayoutDetector(width=8), row_budget=0.5)
+
+
 def test_parse_hierarchical_spec():
     p = parse_hierarchical("hierarchical;pages=dense;block_tokens=64;drafter=eagle;topk=3", ["eagle:/h/e"])
     assert (p["pages"], p["block_tokens"], p["drafter"]) == ("dense", 64, "eagle:/h/e;topk=3")
@@ -151,9 +172,38 @@ def test_parse_hierarchical_spec():
     # two systems differing only in their layout detector must not share a label
     a, b = (parse_hierarchical(f"hierarchical;layout={d};drafter=lookup")["label"] for d in ("/a/lay", "/b/lay"))
     assert a == "hierarchical;layout=/a/lay;drafter=lookup" and a != b
-    for bad in ("hierarchical;speed=9", "hierarchical;block_tokens=0", "hierarchical;drafter=", "hierarchical;x"):
+    p = parse_hierarchical("hierarchical;lines_per_row=2;row_tokens=20;drafter=page-lookup")
+    assert (p["lines_per_row"], p["row_tokens"], p["drafter"]) == (2, 20, "page-lookup")
+    for bad in ("hierarchical;speed=9", "hierarchical;block_tokens=0", "hierarchical;drafter=", "hierarchical;x",
+                "hierarchical;row_tokens=0", "hierarchical;layout=/a;lines_per_row=2"):
         with pytest.raises(InvalidInputError):
             parse_hierarchical(bad)
+
+
+def test_balanced_cuts_minimise_the_longest_run():
+    """Against every way of cutting small random lists: the heaviest run is the least possible, every run holds
+    at most ``max_len`` items, and impossible cuts raise."""
+    import itertools
+    import random
+
+    from mmspec.vision.documents.hierarchical import balanced_cuts
+
+    rng = random.Random(0)
+    for _ in range(200):
+        w = [rng.randint(0, 15) for _ in range(rng.randint(1, 8))]
+        parts, cap = rng.randint(1, len(w)), rng.choice([None, 2, 3])
+        if cap is not None and parts * cap < len(w):
+            with pytest.raises(InvalidInputError):
+                balanced_cuts(w, parts, cap)
+            continue
+        cuts = balanced_cuts(w, parts, cap)
+        assert cuts[0] == 0 and cuts[-1] == len(w) and len(cuts) == parts + 1
+        runs = list(zip(cuts, cuts[1:]))
+        assert all(0 < b - a <= (cap or len(w)) for a, b in runs)
+        best = min(max(sum(w[a:b]) for a, b in zip((0,) + c, c + (len(w),)))
+                   for c in itertools.combinations(range(1, len(w)), parts - 1)
+                   if all(0 < b - a <= (cap or len(w)) for a, b in zip((0,) + c, c + (len(w),))))
+        assert max(sum(w[a:b]) for a, b in runs) == best
 
 
 def test_bench_records_of_the_hierarchical_system(tiny_vlm, tmp_path):

@@ -183,26 +183,38 @@ def test_segmentation_finds_the_typeset_boxes(smol_tokenizer):
 
 
 def test_segmented_rows_cut_pages_into_whole_lines_that_assemble_back(smol_tokenizer):
-    """Hierarchical decoding on the reader: rows of at most 3 whole lines of one block, each with its line count
-    and joiner; the typeset lines of each row, assembled, are the page's Markdown on nearly every page."""
+    """Hierarchical decoding on the reader: rows of at most 3 whole lines of one block, each with its line count,
+    joiner and expected tokens; the typeset lines of each row, assembled, are the page's Markdown on nearly every
+    page. Rows planned by tokens (``row_tokens``) are as whole, and their longest row is never longer."""
     from mmspec.vision.documents.hierarchical import SegmentedRows, assemble
     from mmspec.vision.reader.train import make_page
 
     ts = Typesetter(smol_tokenizer)
-    exact = total = 0
+    exact, total, shorter = {3: 0, 16: 0}, 0, 0
     for i in range(40):
         page = make_page(ts, "test", 500 + i)
         if page.meta.get("kind") == "chart":  # a chart is one table, not blocks to read side by side
             continue
-        rows = SegmentedRows(lines_per_row=3).detect([page.image])[0]
-        assert all(1 <= r["lines"] <= 3 for r in rows) and [r["order"] for r in rows] == list(range(len(rows)))
-        texts, k = [], 0
-        for r in rows:
-            texts.append("\n".join(line.text for line in page.lines[k:k + r["lines"]]))
-            k += r["lines"]
         total += 1
-        exact += int(k == len(page.lines) and assemble(rows, texts) == page.markdown)
-    assert total >= 12 and exact >= total - 1, f"{exact}/{total} pages"
+        longest = {}
+        for plan in (3, 16):
+            rows = SegmentedRows(lines_per_row=3, row_tokens=None if plan == 3 else plan).detect([page.image])[0]
+            assert [r["order"] for r in rows] == list(range(len(rows)))
+            texts, k, prev = [], 0, None
+            for r in rows:
+                mine = [line.text for line in page.lines[k:k + r["lines"]]]
+                table = [t.startswith("|") for t in mine]
+                # at most 3 lines, but a table is one row, never cut from its header
+                assert 1 <= r["lines"] <= 3 or all(table), mine
+                assert not (table[0] and prev is not None and prev["block"] == r["block"]), (mine, r)
+                texts.append("\n".join(mine))
+                k, prev = k + r["lines"], r
+            exact[plan] += int(k == len(page.lines) and assemble(rows, texts) == page.markdown)
+            longest[plan] = max(r["tokens"] for r in rows)
+        assert longest[16] <= longest[3]
+        shorter += longest[16] < longest[3]
+    assert total >= 12 and min(exact.values()) >= total - 1, f"{exact}/{total} pages"
+    assert shorter >= total // 2, f"token-planned rows shorter on {shorter}/{total} pages"
 
 
 def test_segmentation_reading_order_of_two_columns_under_a_title():
@@ -401,6 +413,24 @@ def test_hierarchical_rows_on_the_reader_read_the_page_and_speculation_keeps_eac
     assert [b["text"] for b in spec.pages[0].blocks] == [b["text"] for b in plain.pages[0].blocks]
     assert spec.stats.mean_accepted_length > 2
     assert cer([plain.pages[0].text], [ex.target])["cer"] <= 0.1, (plain.pages[0].text, ex.target)
+
+
+@pytest.mark.slow
+def test_bench_measures_row_plans_against_one_full_page_reference(bundled_reader_folder):
+    """``mmspec bench`` with two row plans of the reader: one group (one full-page reference shared by both
+    records, every configuration in one rotation), each plan with its own rows."""
+    from mmspec.bench import BenchConfig, run_bench
+
+    base = "hierarchical;page_tokens=8;block_tokens=4"
+    systems = [base, base + ";row_tokens=8"]
+    cfg = BenchConfig(model=bundled_reader_folder, workloads=["docs"], systems=systems, n=1, max_new_tokens=8,
+                      batch_sizes=[1], threads=2, dtype="float32")
+    recs = {r["system"]: r for r in run_bench(cfg, progress=False).results if r["kind"] == "hierarchical"}
+    assert set(recs) == set(systems) and all(r["status"] == "ok" for r in recs.values())
+    default, planned = (recs[s]["split"] for s in systems)
+    assert default["full_page_ar"] == planned["full_page_ar"]
+    assert (default["row_tokens"], planned["row_tokens"]) == (None, 8)
+    assert planned["hierarchical_ar"]["rows"] > default["hierarchical_ar"]["rows"]
 
 
 @pytest.mark.slow

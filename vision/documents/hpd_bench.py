@@ -14,9 +14,10 @@ pages, in an order rotated per batch, after an untimed warm-up on the first batc
 
 Pages are decoded to their end (``page_tokens``, default 1024, and ``block_tokens``, default 512, are caps
 that only a looping row reaches; the record counts those). Spec grammar:
-``hierarchical[;pages=default|dense][;page_tokens=N][;block_tokens=N][;layout=DIR][;drafter=SPEC]`` where
-``drafter=`` comes last and takes the rest of the string (a drafter spec may carry ``;`` options); a trained
-kind named bare (``drafter=eagle``) means the head shipped for the bundled target.
+``hierarchical[;pages=default|dense][;page_tokens=N][;block_tokens=N][;layout=DIR][;lines_per_row=N]
+[;row_tokens=N][;drafter=SPEC]`` where ``lines_per_row`` and ``row_tokens`` plan the reader's rows
+(:class:`~mmspec.vision.documents.hierarchical.SegmentedRows`) and ``drafter=`` comes last and takes the rest
+of the string (a drafter spec may carry ``;`` options); a trained kind named bare (``drafter=eagle``) means the head shipped for the bundled target.
 
 Example:
     >>> parse_hierarchical("hierarchical;pages=dense;drafter=eagle;topk=3", ["eagle:/heads/e"])["drafter"]
@@ -41,7 +42,8 @@ from .hierarchical import is_reader
 __all__ = ["parse_hierarchical", "bench_hierarchical", "exact_blocks", "HierarchicalSystems", "HierarchicalDocsWorkload",
            "HierarchicalReaderDocsWorkload"]
 
-_KEYS = {"pages": str, "page_tokens": int, "block_tokens": int, "layout": str}
+_KEYS = {"pages": str, "page_tokens": int, "block_tokens": int, "layout": str, "lines_per_row": int,
+         "row_tokens": int}
 
 
 def parse_hierarchical(spec: str, bundled=()) -> dict:
@@ -61,8 +63,8 @@ def parse_hierarchical(spec: str, bundled=()) -> dict:
     parts = head.split(";")
     if parts[0].strip() != "hierarchical":
         raise InvalidInputError(f"not a hierarchical system: {spec!r}")
-    out = {"pages": "default", "page_tokens": 1024, "block_tokens": 512, "layout": None,
-           "drafter": drafter.strip() or None if sep else None}
+    out = {"pages": "default", "page_tokens": 1024, "block_tokens": 512, "layout": None, "lines_per_row": None,
+           "row_tokens": None, "drafter": drafter.strip() or None if sep else None}
     for opt in parts[1:]:
         key, eq, value = opt.partition("=")
         key = key.strip()
@@ -77,6 +79,11 @@ def parse_hierarchical(spec: str, bundled=()) -> dict:
         raise InvalidInputError(f"system {spec!r}: pages must be 'default' or 'dense'")
     if out["page_tokens"] < 1 or out["block_tokens"] < 1:
         raise InvalidInputError(f"system {spec!r}: page_tokens and block_tokens must be positive")
+    if any(out[k] is not None and out[k] < 1 for k in ("lines_per_row", "row_tokens")):
+        raise InvalidInputError(f"system {spec!r}: lines_per_row and row_tokens must be positive")
+    if out["layout"] is not None and (out["lines_per_row"] or out["row_tokens"]):
+        raise InvalidInputError(f"system {spec!r}: lines_per_row and row_tokens plan the reader's rows; layout= is "
+                                "the testbed's detector")
     if sep and out["drafter"] is None:
         raise InvalidInputError(f"system {spec!r}: drafter= names no drafter")
     label_opts = [p.strip() for p in parts[1:]]
@@ -90,6 +97,16 @@ def parse_hierarchical(spec: str, bundled=()) -> dict:
         label_opts.append("drafter=" + System(out["drafter"], None, 1).label)
     out["label"] = ";".join(["hierarchical"] + label_opts)
     return out
+
+
+def _key(mode: str, drafter, plan: tuple) -> tuple:
+    """A configuration's key among a group's runs (the default row plan keeps the short key)."""
+    return (mode, drafter) if plan == (None, None) else (mode, drafter, plan)
+
+
+def _plan(p: dict) -> tuple:
+    """A parsed system's row plan: ``(lines_per_row, row_tokens)``, ``(None, None)`` for the default rows."""
+    return p["lines_per_row"], p["row_tokens"]
 
 
 def exact_blocks(text: str, blocks: list, types=None) -> tuple[int, int]:
@@ -117,21 +134,25 @@ def exact_blocks(text: str, blocks: list, types=None) -> tuple[int, int]:
 class _Run:
     """One configuration (full page or hierarchical, with or without a drafter) and what it accumulated."""
 
-    def __init__(self, mode: str, drafter_spec, pipe, opts: dict):
+    def __init__(self, mode: str, drafter_spec, pipe, opts: dict, plan: tuple = (None, None)):
         from mmspec.registry import make_drafter
 
-        from .hierarchical import HierarchicalParser
+        from .hierarchical import HierarchicalParser, SegmentedRows
 
         self.mode, self.drafter_spec, self.pipe, self.opts = mode, drafter_spec, pipe, opts
+        self.plan = plan if mode == "hierarchical" else (None, None)
         self.drafter = make_drafter(drafter_spec, pipe.model) if drafter_spec else None
-        self.parser = (HierarchicalParser(pipe, opts["layout"], drafter=self.drafter,
+        layout = opts["layout"]
+        if self.plan != (None, None):  # the reader's rows, planned (checked by bench_hierarchical)
+            layout = SegmentedRows(lines_per_row=self.plan[0] or 3, row_tokens=self.plan[1])
+        self.parser = (HierarchicalParser(pipe, layout, drafter=self.drafter,
                                           max_new_tokens=opts["block_tokens"]) if mode == "hierarchical" else None)
         self.time, self.batch_times, self.texts, self.stats = 0.0, [], [], None
         self.truncated, self.rows, self.layout_time, self.status, self.new_tokens = 0, 0, 0.0, "ok", 0
 
     @property
     def key(self):
-        return self.mode, self.drafter_spec
+        return _key(self.mode, self.drafter_spec, self.plan)
 
     def forget(self):
         if self.drafter is not None:
@@ -201,8 +222,13 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
     records = []
     groups: dict = {}
     for spec, p in parsed:
+        # row plans share a group: one full-page reference, every configuration in one rotation
         groups.setdefault((p["pages"], p["page_tokens"], p["block_tokens"], p["layout"]), []).append((spec, p))
     for (pages_opt, page_tokens, block_tokens, layout), members in groups.items():
+        plans = list(dict.fromkeys(_plan(p) for _, p in members))
+        if plans != [(None, None)] and not isinstance(workload, ReaderDocsWorkload):
+            raise InvalidInputError("lines_per_row and row_tokens plan the reader's rows (the testbed's come from its "
+                                    "layout detector)")
         opts = {"page_tokens": page_tokens, "block_tokens": block_tokens, "layout": layout}
         if cfg.sampling is not None:
             for spec, p in members:
@@ -211,7 +237,7 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
                                            "unsupported: hierarchical decoding is measured greedily (no --sample)"))
             continue
         if isinstance(workload, ReaderDocsWorkload):  # the reader's own pages (it reads no other)
-            if pages_opt == "dense" or layout is not None:
+            if pages_opt == "dense" or isinstance(layout, str):
                 raise InvalidInputError("on the reader, hierarchical rows come from its own segmentation: "
                                         "pages=dense and layout= are the testbed's")
             world = workload
@@ -223,9 +249,10 @@ def bench_hierarchical(workload, pipe, systems: list, cfg, progress: bool = True
         gold = [e.meta.get("blocks") for e in examples]
         drafters = list(dict.fromkeys(p["drafter"] for _, p in members if p["drafter"]))
         for bs in cfg.batch_sizes:
-            runs = [_Run("full-page", None, pipe, opts), _Run("hierarchical", None, pipe, opts)]
-            for d in drafters:
-                runs += [_Run("full-page", d, pipe, opts), _Run("hierarchical", d, pipe, opts)]
+            runs = [_Run("full-page", None, pipe, opts)] + [_Run("full-page", d, pipe, opts) for d in drafters]
+            for plan in plans:  # each plan's rows without a drafter (its reference), then with each it is asked with
+                asked = list(dict.fromkeys(p["drafter"] for _, p in members if _plan(p) == plan and p["drafter"]))
+                runs += [_Run("hierarchical", d, pipe, opts, plan) for d in [None] + asked]
             chunks = [examples[i:i + bs] for i in range(0, n, bs)]
             total = len(runs) * (len(chunks) + 1)
             with tqdm(total=total, desc=f"hierarchical {pages_opt} bs={bs}", file=sys.stderr,
@@ -279,18 +306,20 @@ def _record(workload: str, spec: str, p: dict, bs: int, n: int, pipe, runs, summ
     rec.update(dict.fromkeys(MEASURED_FIELDS + ("pages_per_s", "pages_per_s_vs_ar", "char_error_rate",
                                                 "ar_char_error_rate", "split")))
     d = p["drafter"]
-    main = runs.get(("hierarchical", d)) if runs else None
+    plan = _plan(p)
+    main = runs.get(_key("hierarchical", d, plan)) if runs else None
     if status is None and main is not None and main.status != "ok":
         status = main.status
     rec["status"] = status or "ok"
     if rec["status"] != "ok":
         return rec
     ar = runs[("full-page", None)]
-    s, a = summaries[("hierarchical", d)], summaries[("full-page", None)]
+    s, a = summaries[_key("hierarchical", d, plan)], summaries[("full-page", None)]
     stats = main.stats
     split = {"pages": pages_opt, "page_tokens": p["page_tokens"], "block_tokens": p["block_tokens"],
-             "full_page_ar": a, "hierarchical_ar": summaries[("hierarchical", None)]}
-    hier_ar = runs[("hierarchical", None)]
+             "lines_per_row": plan[0], "row_tokens": plan[1], "full_page_ar": a,
+             "hierarchical_ar": summaries[_key("hierarchical", None, plan)]}
+    hier_ar = runs[_key("hierarchical", None, plan)]
     split["gain_parallel_blocks"] = ar.time / hier_ar.time if hier_ar.time else None
     if d is not None:
         split["full_page_spec"] = summaries[("full-page", d)]
