@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 
@@ -66,6 +65,7 @@ from mmspec.drafters.base import DraftContext, Drafter
 from mmspec.errors import InvalidInputError, MMSpecError
 from mmspec.tree import DraftTree
 
+from .stages import StageClock
 from .vla import StepCache, attention_mask_for
 
 __all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
@@ -679,24 +679,23 @@ class FlashDriveEngine:
     # ------------------------------------------------------------------ one tick
     @torch.no_grad()
     def step(self, images, prompt_text: str, cameras, speed: float, tick=None, num_samples: int = 1, seed: int = 0,
-             t0: float | None = None) -> dict:
+             clock=None) -> dict:
         """One tick: ``images`` (PIL, camera-major, oldest first), the chat ``prompt_text`` with one image
         placeholder per frame; returns what :meth:`DrivingPipeline.step` returns, plus ``stream`` (``"reuse"``
-        or why a full prefill ran) and ``head_calls``. Timing starts at ``t0`` (the pipeline's clock)."""
-        t0 = time.perf_counter() if t0 is None else t0
+        or why a full prefill ran) and ``head_calls``. ``clock``: the pipeline's
+        :class:`~mmspec.drivers.stages.StageClock`, running ``preprocess`` (default: one started here)."""
+        clock = StageClock(self._sync, start="preprocess") if clock is None else clock
         ncam = len(cameras)
         fpc = len(images) // ncam
         keys = [_frame_key(im) for im in images]
-        self._sync()
-        te0 = time.perf_counter()
+        clock.to("encode")
         feats = self._encode(images, keys)
-        self._sync()
-        te1 = time.perf_counter()
+        clock.to("preprocess")
         tpl = self._template(prompt_text, [g for _, g in feats])
         brk = self._continues(tick, cameras, keys, tpl, fpc)
         if brk is not None and brk[0] not in ("off", "start", "no tick", "refresh") and self.config.on_break == "error":
             raise StreamBreakError(f"tick {tick} does not continue the stream: {brk[1]} (reset() starts a new clip)")
-        tp0 = time.perf_counter()
+        clock.to("prefill")
         st, self._stream = self._stream, None  # taken: a failure below leaves no half-moved cache behind
         if brk is None:
             hidden, slots, kept_len, positions, hs, order = self._stream_prefill(st, tpl, feats, fpc, ncam)
@@ -708,8 +707,7 @@ class FlashDriveEngine:
             hidden, cache, slots, kept_len, positions, hs = self._full_prefill(tpl, feats, fpc, ncam)
             order = None
         logits = self.backbone.lm_head(hidden[:, -1])
-        self._sync()
-        tp1 = time.perf_counter()
+        clock.to("decode")
         # Reasoning, greedy: the cache ends up holding the prompt and every generated token but the last (as
         # generate leaves it), which the action expert reads.
         first_logits = logits[0].float().clone()
@@ -720,8 +718,7 @@ class FlashDriveEngine:
         else:
             new = self._decode(logits, cache, tpl)
         pos = tpl.next_position + len(new) - 1
-        self._sync()
-        td1 = time.perf_counter()
+        clock.to("action")
         L = cache.get_seq_length()
         start = torch.tensor([pos], device=dev)
         valid = torch.ones(1, L, dtype=torch.bool, device=dev)
@@ -731,8 +728,7 @@ class FlashDriveEngine:
         self.last_context = (cache, start, valid)  # what the expert read (step-cache studies; cropped if streaming)
         acts = [expert.sample(cache, start, valid, generator=gen, step_cache=self.step_cache,
                               precompute=self.config.system, stats=stats)]
-        self._sync()
-        ta1 = time.perf_counter()
+        clock.to(None)
         calls_timed = stats.get("head_calls", 0)
         # Further samples (minADE over K) are drawn after the clock stops: a car executes one trajectory.
         for _ in range(num_samples - 1):
@@ -746,10 +742,8 @@ class FlashDriveEngine:
                                    positions[:, :kept_len], age=(st.age + 1) if brk is None else 0,
                                    hidden={i: h[:kept_len] for i, h in hs.items()} if hs else None)
         text = self.processor.tokenizer.decode(new, skip_special_tokens=True)
-        timings = {"encode": te1 - te0, "preprocess": (te0 - t0) + (tp0 - te1), "prefill": tp1 - tp0,
-                   "decode": td1 - tp1, "action": ta1 - td1, "total": ta1 - t0}
         out = {"reasoning": text, "actions": torch.cat(acts).float().cpu().numpy(), "num_decode_tokens": len(new),
-               "timings_ms": {k: v * 1e3 for k, v in timings.items()}, "stream": "reuse" if brk is None else brk[1],
+               "timings_ms": clock.timings_ms(), "stream": "reuse" if brk is None else brk[1],
                "head_calls": calls_timed, "first_logits": first_logits.cpu(), "tokens": list(new)}
         if rounds is not None:
             out["spec_rounds"] = rounds  # target passes after the prefill (plain greedy: num_decode_tokens - 1)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import numpy as np
 import torch
@@ -29,13 +28,13 @@ from mmspec.errors import InvalidImageError, InvalidInputError
 from mmspec.pipelines import MMSpecPipeline
 
 from .clips import FRAMES_PER_CAMERA, HISTORY_TICKS
+from .stages import STAGES, StageClock
 from .vla import TRAINED_CAMERAS, TRAINED_FRAMES, DrivingVLA, integrate_actions
 from .workload import driving_prompt
 from .world import CAMERAS, render_frame
 
-__all__ = ["DrivingPipeline", "STAGES", "MAX_SPEED_MPS", "model_policy"]
+__all__ = ["DrivingPipeline", "STAGES", "MAX_SPEED_MPS", "model_policy", "StageClock"]
 
-STAGES = ("preprocess", "encode", "prefill", "decode", "action", "total")
 MAX_SPEED_MPS = 70.0
 """The fastest ego speed a request may state (252 km/h): above any road car's cruise, far above the world's
 expert (~15 m/s), so only nonsense (1e6, a km/h figure times ten) is refused."""
@@ -234,7 +233,7 @@ class DrivingPipeline(MMSpecPipeline):
         frame count other than the trained one, an ego history that is not ``[16, 3]`` and finite, a speed
         that is not a finite number in ``[0, MAX_SPEED_MPS]``, a bad ``num_samples`` / ``seed`` / ``tick``, or
         (streaming with ``on_break="error"``) a tick that does not continue the stream."""
-        from mmspec.vision.testbed import _chat_prompts, make_batch
+        from mmspec.vision.testbed import _chat_prompts
         from mmspec.workloads import Example
 
         cameras = self._cameras(cameras)
@@ -248,51 +247,56 @@ class DrivingPipeline(MMSpecPipeline):
             raise InvalidInputError(f"tick must be an integer tick index (got {tick!r})")
         prompt = driving_prompt(cameras, self.frames_per_camera, hist, speed)
         example = Example(id="", prompt=prompt, target="", images=images)
-        if self.engine is not None:
-            t0 = time.perf_counter()
-            res = self.engine.step(images, _chat_prompts(self.vla.processor, [example])[0], cameras, speed,
-                                   tick=tick, num_samples=num_samples, seed=seed, t0=t0)
-            trajs = integrate_actions(res["actions"], np.full(num_samples, float(speed)))
-            return {**res, "trajectory": trajs[0], "trajectories": trajs}
+        clock = StageClock(self._sync, start="preprocess")
+        try:
+            if self.engine is not None:
+                res = self.engine.step(images, _chat_prompts(self.vla.processor, [example])[0], cameras, speed,
+                                       tick=tick, num_samples=num_samples, seed=seed, clock=clock)
+            else:
+                res = self._generate_and_act(example, num_samples, seed, clock)
+        finally:
+            clock.close()
+        trajs = integrate_actions(res["actions"], np.full(num_samples, float(speed)))
+        return {**res, "trajectory": trajs[0], "trajectories": trajs}
+
+    def _generate_and_act(self, example, num_samples: int, seed: int, clock: StageClock) -> dict:
+        """The plain tick after validation, on ``clock`` (running ``preprocess``): the processor, ``generate`` (its
+        encode, prefill and decode forwards timed by hooks; its own work between them is the ``generate`` range,
+        in ``total`` only) and the expert's sample (``action``); further samples after the clock stops."""
+        from mmspec.vision.testbed import make_batch
+
         backbone, proc = self.vla.backbone, self.vla.processor
-        t0 = time.perf_counter()
         inputs = make_batch(proc, [example], train=False)
         inputs = {k: v.to(backbone.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         # transformers 5 encodes the images before the first forward (generate's mm_encoder_outputs); older
-        # versions inside it: encode time nested in a forward is taken out of that forward's prefill.
-        times = {"encode": 0.0, "nested": 0.0, "model": [], "in_model": False}
+        # versions inside it: the clock goes back to the stage a hook interrupted, so encode time nested in a
+        # forward is not that forward's prefill.
+        back, forwards = {}, []
 
         def pre_visual(*_):
-            self._sync()
-            times["v0"] = time.perf_counter()
+            back["visual"] = clock.to("encode")
 
         def post_visual(*_):
-            self._sync()
-            dt = time.perf_counter() - times["v0"]
-            times["encode"] += dt
-            if times["in_model"] and not times["model"]:
-                times["nested"] += dt
+            clock.to(back.pop("visual"))
 
         def pre_model(*_):
-            self._sync()
-            times["m0"], times["in_model"] = time.perf_counter(), True
+            back["model"] = clock.to("decode" if forwards else "prefill")
 
         def post_model(*_):
-            self._sync()
-            times["model"].append(time.perf_counter() - times["m0"])
-            times["in_model"] = False
+            forwards.append(1)
+            clock.to(back.pop("model"))
 
         hooks = [backbone.model.visual.register_forward_pre_hook(pre_visual),
                  backbone.model.visual.register_forward_hook(post_visual),
                  backbone.register_forward_pre_hook(pre_model), backbone.register_forward_hook(post_model)]
-        t_pre = time.perf_counter()
+        clock.to("generate")
         try:
             out = backbone.generate(**inputs, max_new_tokens=self.max_reasoning_tokens, do_sample=False,
                                     return_dict_in_generate=True, output_logits=True)
         finally:
             for h in hooks:
                 h.remove()
-        t_gen = time.perf_counter()
+        clock.to("action")
         # transformers >= 5.25 names it ``cache`` (``past_key_values`` still answers, with a deprecation warning)
         cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         L = cache.get_seq_length()
@@ -301,21 +305,13 @@ class DrivingPipeline(MMSpecPipeline):
         valid = torch.ones(1, L, dtype=torch.bool, device=backbone.device)
         gen = torch.Generator(device=backbone.device).manual_seed(int(seed))
         acts = [self.vla.expert.sample(cache, start, valid, generator=gen)]
-        self._sync()
-        t_end = time.perf_counter()
+        clock.to(None)
         # Further samples (minADE over K) after the clock stops: a car executes one trajectory.
         acts += [self.vla.expert.sample(cache, start, valid, generator=gen) for _ in range(num_samples - 1)]
-        acts = torch.cat(acts)
         new = out.sequences[0, inputs["input_ids"].shape[1]:]
-        text = proc.tokenizer.decode(new, skip_special_tokens=True)
-        trajs = integrate_actions(acts.float().cpu().numpy(), np.full(num_samples, float(speed)))
-        prefill = times["model"][0] - times["nested"] if times["model"] else 0.0
-        timings = {"preprocess": t_pre - t0, "encode": times["encode"], "prefill": prefill,
-                   "decode": sum(times["model"][1:]), "action": t_end - t_gen, "total": t_end - t0}
-        return {"reasoning": text, "trajectory": trajs[0], "trajectories": trajs, "actions": acts.float().cpu().numpy(),
-                "num_decode_tokens": int(len(new)), "tokens": new.tolist(),
-                "timings_ms": {k: v * 1e3 for k, v in timings.items()},
-                "first_logits": out.logits[0][0].float().cpu()}
+        return {"reasoning": proc.tokenizer.decode(new, skip_special_tokens=True),
+                "actions": torch.cat(acts).float().cpu().numpy(), "num_decode_tokens": int(len(new)),
+                "tokens": new.tolist(), "timings_ms": clock.timings_ms(), "first_logits": out.logits[0][0].float().cpu()}
 
 
 def model_policy(pipe, handover_tick: int = 20, replan_every: int = 5, seed: int = 0, on_plan=None):
