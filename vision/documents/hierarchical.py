@@ -112,6 +112,8 @@ def assemble(blocks: list[dict], texts: list[str]) -> str:
         out = ""
         for b, t in sorted(zip(blocks, texts), key=lambda bt: bt[0]["order"]):
             t = _first_lines(t.strip(), int(b["lines"])).strip()
+            if b.get("skip"):  # a table part read under a copy of its header: the copy's lines go
+                t = "\n".join([ln for ln in t.split("\n") if ln.strip()][int(b["skip"]):])
             if t:
                 out += (b["joiner"] if out else "") + t
         return out
@@ -188,6 +190,12 @@ def is_table_block(lines: list, ink) -> bool:
     return bool(len(lines) >= 2 and 2 * piped >= len(lines))
 
 
+def _box(lines: list) -> list:
+    """``[x0, y0, x1, y1]`` around the token boxes of consecutive lines."""
+    return [min(b.x0 for ln in lines for b in ln.boxes), lines[0].y0, max(b.x1 for ln in lines for b in ln.boxes),
+            lines[-1].y1]
+
+
 def _ink(image) -> np.ndarray:
     """The page's ink mask as :func:`~mmspec.vision.reader.segment.segment` sees it (rules not erased: a table's
     "|" is short, the rules erased are 40 px and longer)."""
@@ -208,7 +216,9 @@ class SegmentedRows:
     length is known before it is read). Each block is cut into rows of consecutive lines balanced by their token
     counts: a batch lasts as long as its longest row, so the rows should end at about the same step. A block gets
     as many rows as it needs for at most ``lines_per_row`` lines and (when given) about ``row_tokens`` tokens a
-    row. A table (:func:`is_table_block`) stays one row: cut from its header, the reader loops on its body. Each row records its line count (the text is cut after that many lines: on a crop of one line the reader
+    row. A table (:func:`is_table_block`) of four lines or more is cut in parts of its body, each read under its
+    header (the reader loops on a table's body cut from its header): the first part holds the header, later parts
+    get a copy of it stacked above them (``head``: its box; ``skip``: the lines their text then drops). Each row records its line count (the text is cut after that many lines: on a crop of one line the reader
     may run on into its prompt's words before its end of turn), the joiner before it and its expected ``tokens``.
 
     Args:
@@ -252,28 +262,42 @@ class SegmentedRows:
                 weights = [len(ln.boxes) + 1 for ln in lines]  # a line's tokens and its line break
                 if len(lines) > 1 and ink is None:
                     ink = _ink(image)
-                if len(lines) > 1 and is_table_block(lines, ink):
-                    n, cuts = 1, [0, len(lines)]
-                else:
-                    n = -(-len(lines) // self.lines_per_row)
-                    if self.row_tokens is not None:
-                        n = min(len(lines), max(n, -(-sum(weights) // self.row_tokens)))
-                    cuts = balanced_cuts(weights, n, self.lines_per_row)
+                head = 2 if len(lines) > 3 and is_table_block(lines, ink) else 0  # a table's header and its rule
+                body, bw = lines[head:], weights[head:]
+                n = -(-len(body) // self.lines_per_row)
+                if self.row_tokens is not None:
+                    n = min(len(body), max(n, -(-(sum(bw) + (n - 1) * sum(weights[:head])) // self.row_tokens)))
+                cuts = balanced_cuts(bw, n, self.lines_per_row)
                 for r in range(n):
-                    part = lines[cuts[r]:cuts[r + 1]]
-                    box = [min(b.x0 for ln in part for b in ln.boxes), part[0].y0,
-                           max(b.x1 for ln in part for b in ln.boxes), part[-1].y1]
-                    rows.append({"type": "lines", "box": box, "order": len(rows), "lines": len(part), "block": k,
-                                 "joiner": "" if not rows else ("\n" if r else "\n\n"), "score": 1.0,
-                                 "tokens": sum(weights[cuts[r]:cuts[r + 1]])})
+                    part = body[cuts[r]:cuts[r + 1]]
+                    row = {"type": "lines", "order": len(rows), "block": k, "score": 1.0,
+                           "joiner": "" if not rows else ("\n" if r else "\n\n"),
+                           "lines": len(part) + head, "tokens": sum(bw[cuts[r]:cuts[r + 1]]) + sum(weights[:head])}
+                    if head and r == 0:  # the first part of a table holds its header
+                        part = lines[:head] + part
+                    elif head:  # later parts are read under a copy of it, which the text then drops
+                        row.update(head=_box(lines[:head]), skip=head)
+                    row["box"] = _box(part)
+                    rows.append(row)
             pages.append(rows)
         return pages
 
-    def crop(self, page: Image.Image, box) -> Image.Image:
-        """The page cut to ``box`` grown by ``margin`` px (the reader reads any page size)."""
+    def crop(self, page: Image.Image, box, head=None) -> Image.Image:
+        """The page cut to ``box`` grown by ``margin`` px (the reader reads any page size); with ``head`` (a table
+        header's box above ``box``), the header's crop stacked over the box's, both as wide as the two together
+        (the columns stay where they were), a line gap between them."""
         w, h = page.size
         m = self.margin
-        return page.crop((max(0, box[0] - m), max(0, box[1] - m), min(w, box[2] + m), min(h, box[3] + m)))
+        if head is None:
+            return page.crop((max(0, box[0] - m), max(0, box[1] - m), min(w, box[2] + m), min(h, box[3] + m)))
+        x0, x1 = max(0, min(box[0], head[0]) - m), min(w, max(box[2], head[2]) + m)
+        gap = max(2, min(m, (box[1] - head[3]) // 2))
+        top = page.crop((x0, max(0, head[1] - m), x1, head[3] + gap))
+        bottom = page.crop((x0, box[1] - gap, x1, min(h, box[3] + m)))
+        out = Image.new(page.mode, (x1 - x0, top.height + bottom.height))
+        out.paste(top, (0, 0))
+        out.paste(bottom, (0, top.height))
+        return out
 
 
 def is_reader(pipe) -> bool:
@@ -362,7 +386,7 @@ class HierarchicalParser:
         """The block canvases of one page (:func:`block_canvas`; a :class:`SegmentedRows` layout's own crops), in
         the order of ``blocks``."""
         if isinstance(self.layout, SegmentedRows):
-            return [self.layout.crop(page, b["box"]) for b in blocks]
+            return [self.layout.crop(page, b["box"], b.get("head")) for b in blocks]
         paper = paper_colour(page)
         return [block_canvas(page, b["box"], paper) for b in blocks]
 
