@@ -36,6 +36,12 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
   ``engine`` system (every mechanism off) measures that loop alone. Measured and left out: ``torch.compile`` of
   the expert (200 s to compile on this CPU for ~15% per call) and a preallocated KV buffer (the cache's
   concatenations are ~8% of a decode step's operator time here).
+* **lean expert** (``lean_expert``, exact): the action expert's head calls run through
+  :class:`~mmspec.drivers.vla.LeanExpert`: the layers' own weights through the decoder's ops, with the context's
+  K/V buffers (room for the action tokens; SDPA over the key/value heads), mask and M-RoPE rotation set up once per
+  tick instead of per call, and without the transformers call stack per call (``results/drivers/drive-sim``: the
+  profile and the measured ratio). Bit for bit the decoder's output; where it cannot run a decoder (not sdpa,
+  sliding windows, another activation) the expert's own path runs and :meth:`FlashDriveEngine.describe` says so.
 
 Streaming state lives between ticks of one clip. ``tick`` makes breaks detectable: the next tick of a stream
 must be the last one plus one, from the same cameras, with a window whose first frames are the last window's
@@ -66,12 +72,12 @@ from mmspec.errors import InvalidInputError, MMSpecError
 from mmspec.tree import DraftTree
 
 from .stages import StageClock
-from .vla import StepCache, attention_mask_for
+from .vla import LeanExpert, StepCache, attention_mask_for
 
 __all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
            "bundled_drafter", "ReasoningReuseDrafter"]
 
-MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec")
+MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec", "lean_expert")
 """The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``)."""
 
 DRAFTER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-drafter")
@@ -114,6 +120,8 @@ class FlashDriveConfig:
             folder (read as ``glance:DIR``); ``None``: the bundled :data:`DRAFTER_DIR`.
         reuse_reasoning: with speculative reasoning, the first round drafts the rest of the last tick's reasoning
             (:class:`ReasoningReuseDrafter`; the drafter takes over from the first mismatch). Exact like ``spec``.
+        lean_expert: the action expert's head calls through :class:`~mmspec.drivers.vla.LeanExpert` (exact: the same
+            numbers without the transformers call stack; the context's K/V, mask and rotation set up once per tick).
         expert: the action expert that integrates the flow. ``"auto"`` (default): where the step cache is on, the
             few-step student the VLA folder ships (``fewstep/``, :func:`mmspec.drivers.bundled.bundled_student`)
             replaces it when there is one distilled on this backbone; otherwise the VLA's own expert (which one ran
@@ -142,6 +150,7 @@ class FlashDriveConfig:
     drafter: object = None
     reuse_reasoning: bool = True
     expert: object = "auto"
+    lean_expert: bool = True
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
@@ -197,7 +206,7 @@ class FlashDriveConfig:
             if names == ["flashdrive"] or names == ["all"]:
                 return cls()
             kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False, expert=None,
-                      frame_mask=False)
+                      frame_mask=False, lean_expert=False)
             for n in names:
                 if n == "stream-shift":
                     kw.update(stream=True, rerotate=False)
@@ -220,7 +229,8 @@ class FlashDriveConfig:
     def names(self) -> list:
         """The mechanisms switched on, in :data:`MECHANISMS` order."""
         on = {"vision_cache": self.vision_cache, "stream": self.stream, "step_cache": self.step_cache is not None,
-              "fewstep": self.expert not in (None, "auto"), "system": self.system, "spec": bool(self.spec)}
+              "fewstep": self.expert not in (None, "auto"), "system": self.system, "spec": bool(self.spec),
+              "lean_expert": self.lean_expert}
         return [m for m in MECHANISMS if on[m]]
 
     @property
@@ -727,13 +737,13 @@ class FlashDriveEngine:
         stats: dict = {}
         self.last_context = (cache, start, valid)  # what the expert read (step-cache studies; cropped if streaming)
         acts = [expert.sample(cache, start, valid, generator=gen, step_cache=self.step_cache,
-                              precompute=self.config.system, stats=stats)]
+                              precompute=self.config.system, stats=stats, lean=self.config.lean_expert)]
         clock.to(None)
         calls_timed = stats.get("head_calls", 0)
         # Further samples (minADE over K) are drawn after the clock stops: a car executes one trajectory.
         for _ in range(num_samples - 1):
             acts.append(expert.sample(cache, start, valid, generator=gen, step_cache=self.step_cache,
-                                      precompute=self.config.system))
+                                      precompute=self.config.system, lean=self.config.lean_expert))
         if self.config.stream and tick is not None:  # without a tick index a stream cannot be checked: no reuse
             cache.crop(kept_len - cache.get_seq_length())  # transformers 5: a negative count removes
             self._stream = _Stream(int(tick), tuple(cameras),
@@ -855,8 +865,9 @@ class FlashDriveEngine:
     def describe(self) -> str:
         c = self.config
         on = dict.fromkeys(self.config.names(), True)
+        lean_off = LeanExpert.why_not(self.expert) if c.lean_expert else ""
         on.update(spec=self.drafter is not None, fewstep=self.student_path is not None,
-                  step_cache=self.step_cache is not None)
+                  step_cache=self.step_cache is not None, lean_expert=c.lean_expert and not lean_off)
         parts = [m for m in MECHANISMS if on.get(m)]
         extra = []
         if c.stream:
@@ -871,4 +882,6 @@ class FlashDriveEngine:
             extra.append(f"the VLA's own expert: {self.expert_note}")
         if c.spec:
             extra.append(f"spec: {self.spec_note}")
+        if lean_off:
+            extra.append(f"lean expert off: {lean_off}")
         return "+".join(parts) + (f" ({', '.join(extra)})" if extra else "")

@@ -43,7 +43,7 @@ from .world import DT
 
 __all__ = ["TrajectoryExpert", "ACTION_MEAN", "ACTION_SCALE", "LEGACY_NORMALIZATION", "integrate_actions",
            "time_embedding", "expert_attention_mask", "attention_mask_for", "next_text_positions", "StepCache",
-           "DrivingVLA", "save_expert", "load_expert", "TRAINED_CAMERAS", "TRAINED_FRAMES", "backbone_hash",
+           "LeanExpert", "DrivingVLA", "save_expert", "load_expert", "TRAINED_CAMERAS", "TRAINED_FRAMES", "backbone_hash",
            "student_info", "load_student"]
 
 # Per-dimension normalisation of (accel m/s^2, curvature 1/m): the expert driver's mean and standard deviation
@@ -191,19 +191,24 @@ class TrajectoryExpert(nn.Module):
     @torch.no_grad()
     def sample(self, cache, position_start, prefix_valid, num_steps: int | None = None, generator=None,
                batch_size: int | None = None, step_cache: "StepCache | None" = None, precompute: bool = False,
-               stats: dict | None = None):
+               stats: dict | None = None, lean: bool = False):
         """Actions ``[B, N, 2]`` (accel, curvature) by Euler integration of the flow from noise.
 
         ``step_cache`` (a :class:`StepCache`) reuses the last velocity on some steps instead of calling the
         expert (FlashDrive's step caching); ``precompute`` builds the mask, positions and time embeddings once
-        for all steps; ``stats`` (a dict) gets ``head_calls`` and ``steps``."""
+        for all steps; ``lean`` runs the head calls through :class:`LeanExpert` (the same numbers, built once for
+        all steps; where it cannot run this decoder, the usual path runs); ``stats`` (a dict) gets ``head_calls``
+        and ``steps``."""
         steps = int(num_steps or self.num_steps)
         B = batch_size or position_start.shape[0]
         dev = self.out_proj.weight.device
         x = torch.randn(B, self.horizon, 2, generator=generator, device=dev)
         ts = [torch.full((B,), i / steps, device=dev) for i in range(steps)]
+        runner = None
+        if lean and not self.training and B == position_start.shape[0] and not LeanExpert.why_not(self):
+            runner = LeanExpert(self, cache, position_start, prefix_valid)
         fixed = {}
-        if precompute:
+        if precompute and runner is None:
             N = self.horizon
             pos = (position_start[:, None] + torch.arange(N, device=dev)[None]).long()
             fixed["positions"] = pos[None].expand(3, B, N)
@@ -213,8 +218,11 @@ class TrajectoryExpert(nn.Module):
         v, calls = None, 0
         for i in range(steps):
             if plan is None or plan.compute(i):
-                t_emb = time_embedding(ts[i], self.hidden_size) if precompute else None
-                v = self.velocity(x, ts[i], cache, position_start, prefix_valid, t_emb=t_emb, **fixed)
+                if runner is not None:
+                    v = runner.velocity(x, time_embedding(ts[i], self.hidden_size))
+                else:
+                    t_emb = time_embedding(ts[i], self.hidden_size) if precompute else None
+                    v = self.velocity(x, ts[i], cache, position_start, prefix_valid, t_emb=t_emb, **fixed)
                 calls += 1
                 if plan is not None:
                     plan.observe(i, v)
@@ -223,6 +231,99 @@ class TrajectoryExpert(nn.Module):
             stats["head_calls"] = stats.get("head_calls", 0) + calls
             stats["steps"] = stats.get("steps", 0) + steps
         return x * self.action_scale + self.action_mean
+
+
+def _rms_norm(h: torch.Tensor, norm) -> torch.Tensor:
+    """``Qwen2VLRMSNorm.forward`` inline (float32 statistics, the weight in the input's dtype: the same ops)."""
+    x = h.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * x.to(h.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanExpert:
+    """The action expert's head calls of one tick over a fixed context, without the transformers call stack.
+
+    Every head call of a tick reads the same cache, at the same positions, under the same mask, with 64 action
+    tokens: fixed shapes. Built once per tick (:meth:`TrajectoryExpert.sample` with ``lean=True``): the M-RoPE
+    cos/sin of the action positions (the decoder recomputes them every call), the mask (none when every cached
+    position is valid: the action tokens then see everything), and per layer one K/V buffer holding the cached
+    context with room for the action tokens (the decoder concatenates the cache with them every call). A call
+    runs the layers' own weights through the ops of ``Qwen2VLTextModel`` (RMSNorm, projections, rotation, SiLU MLP)
+    and SDPA over the key/value heads (``enable_gqa``; the decoder repeats K/V to the query heads), writing the action
+    K/V into the buffers' tails: the same numbers (tested bit for bit in fp32 and bf16), without the modules'
+    ``__call__``, the decorators, the concatenation, ``repeat_kv`` and the set-up of every call. :meth:`why_not` says
+    when a decoder is not one it can run (then the expert's own path runs).
+
+    Example:
+        >>> lean = LeanExpert(expert, cache, start, valid)                              # doctest: +SKIP
+        >>> torch.equal(lean.velocity(x, t_emb), expert.velocity(x, t, cache, start, valid, t_emb=t_emb))  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, expert: "TrajectoryExpert", cache, position_start, prefix_valid):
+        dec = expert.decoder
+        self.expert, self.dec = expert, dec
+        w = expert.out_proj.weight
+        B, N = position_start.shape[0], expert.horizon
+        pos = (position_start[:, None] + torch.arange(N, device=w.device)[None]).long()
+        positions = pos[None].expand(3, B, N)
+        self.mask = None if bool(prefix_valid.all()) else expert_attention_mask(prefix_valid, N, "sdpa", w.dtype)
+        cos, sin = dec.rotary_emb(torch.empty(0, device=w.device, dtype=w.dtype), positions)
+        self.cos, self.sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        self.B, self.N = B, N
+        self.kv = []
+        for c in cache.layers:
+            L = c.keys.shape[2]
+            buf = []
+            for t in (c.keys, c.values):  # [B, Hkv, L + N, D], the context written once
+                b = t.new_empty(t.shape[0], t.shape[1], L + N, t.shape[3])
+                b[:, :, :L] = t
+                buf.append(b)
+            self.kv.append((buf[0], buf[1], L))
+
+    @staticmethod
+    def why_not(expert: "TrajectoryExpert") -> str:
+        """``""`` when :class:`LeanExpert` runs this expert's decoder, else why not (then its own path runs)."""
+        dec = expert.decoder
+        cfg = dec.config
+        if (cfg._attn_implementation or "sdpa") != "sdpa":
+            return f"attention {cfg._attn_implementation!r}, not sdpa"
+        if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
+            return "sliding-window layers"
+        if cfg.hidden_act != "silu":
+            return f"activation {cfg.hidden_act!r}, not silu"
+        return ""
+
+    def velocity(self, x_t: torch.Tensor, t_emb: torch.Tensor) -> torch.Tensor:
+        """:meth:`TrajectoryExpert.velocity` at ``x_t[B, N, 2]`` with the time embedding ``t_emb[B, hidden]``."""
+        e, B, N = self.expert, self.B, self.N
+        w = e.out_proj.weight.dtype
+        h = e.in_proj(torch.cat([x_t.to(w), t_emb[:, None].expand(B, N, -1).to(w)], dim=-1))
+        cos, sin = self.cos, self.sin
+        for layer, (bk, bv, L) in zip(self.dec.layers, self.kv):
+            a, mlp = layer.self_attn, layer.mlp
+            D = a.head_dim
+            x = _rms_norm(h, layer.input_layernorm)
+            q = F.linear(x, a.q_proj.weight, a.q_proj.bias).view(B, N, -1, D).transpose(1, 2)
+            k = F.linear(x, a.k_proj.weight, a.k_proj.bias).view(B, N, -1, D).transpose(1, 2)
+            v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(B, N, -1, D).transpose(1, 2)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            bk[:, :, L:] = k
+            bv[:, :, L:] = v
+            o = F.scaled_dot_product_attention(q, bk, bv, attn_mask=self.mask, dropout_p=0.0, scale=a.scaling,
+                                               is_causal=False, enable_gqa=a.num_key_value_groups > 1)
+            o = o.transpose(1, 2).contiguous().reshape(B, N, -1).contiguous()
+            h = h + F.linear(o, a.o_proj.weight, a.o_proj.bias)
+            x = _rms_norm(h, layer.post_attention_layernorm)
+            h = h + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
+                             mlp.down_proj.weight)
+        return e.out_proj(_rms_norm(h, self.dec.norm))
 
 
 class StepCache:

@@ -611,19 +611,56 @@ def test_step_cache_threshold_zero_is_the_uncached_integration(two_layer, world)
         StepCache("fixed", cache_steps=(0,))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_expert_is_the_decoder_bit_for_bit(two_layer, world, dtype):
+    """LeanExpert runs the expert's head calls with the same numbers as the decoder's own path: every call of a
+    sample, with every cached position valid (no mask) and with some invalid (the mask), in fp32 and bf16; and the
+    mechanism through the engine changes no tick's output."""
+    import copy
+
+    from mmspec.drivers.vla import LeanExpert
+
+    vla = two_layer if dtype == torch.float32 else copy.deepcopy(two_layer).to(dtype)
+    pipe = _pipe(vla, {"stream": False, "step_cache": None, "spec": False, "lean_expert": False})
+    _step(pipe, world, 20)
+    cache, start, valid = pipe.engine.last_context
+    expert = pipe.engine.expert
+    assert expert.decoder.config.num_attention_heads > expert.decoder.config.num_key_value_heads  # GQA is covered
+    assert LeanExpert.why_not(expert) == ""
+    part = valid.clone()
+    part[:, 2:5] = False
+    for ok in (valid, part):
+        runs = [expert.sample(cache, start, ok, generator=torch.Generator().manual_seed(3), precompute=True,
+                              lean=lean) for lean in (False, True)]
+        assert runs[0].dtype == torch.float32 and torch.equal(runs[0], runs[1])
+    lean = _pipe(vla, {"stream": True, "step_cache": None, "spec": False})
+    plain_path = _pipe(vla, {"stream": True, "step_cache": None, "spec": False, "lean_expert": False})
+    assert "lean_expert" in lean.engine.describe() and "lean_expert" not in plain_path.engine.describe()
+    for k in (20, 21, 22):  # a fresh prefill, then streamed ticks
+        a, b = _step(lean, world, k, tick=k), _step(plain_path, world, k, tick=k)
+        assert a["reasoning"] == b["reasoning"] and np.array_equal(a["actions"], b["actions"])
+    eager = copy.deepcopy(vla)
+    eager.expert.decoder.config._attn_implementation = "eager"
+    assert "sdpa" in LeanExpert.why_not(eager.expert)
+
+
 def test_flashdrive_config_parsing():
     from mmspec.drivers.flashdrive import FlashDriveConfig
 
     assert FlashDriveConfig.parse(None) is None and FlashDriveConfig.parse(False) is None
     full = FlashDriveConfig.parse(True)
-    assert full.names() == ["vision_cache", "stream", "step_cache", "system", "spec"] and not full.exact
+    assert full.names() == ["vision_cache", "stream", "step_cache", "system", "spec", "lean_expert"] \
+        and not full.exact
+    assert FlashDriveConfig.parse("lean_expert").names() == ["lean_expert"] and FlashDriveConfig.parse("lean-expert").exact
+    assert not FlashDriveConfig.parse("system").lean_expert  # a mechanism list names what runs
     assert full.spec == "auto"  # speculative reasoning where a drafter fits the VLA
     assert FlashDriveConfig.parse("system").names() == ["system"] and FlashDriveConfig.parse("system").exact
     assert FlashDriveConfig.parse("vision_cache,system,spec").exact  # greedy verification: exact
     # A dict keeps the defaults of the fields it leaves out: speculation stays "auto" (on where a drafter fits) unless
     # the dict turns it off; a mechanism list names what runs, so there it is off unless listed.
     assert FlashDriveConfig.parse({"step_cache": None}).spec == "auto"
-    assert FlashDriveConfig.parse({"step_cache": None, "spec": False}).names() == ["vision_cache", "stream", "system"]
+    assert FlashDriveConfig.parse({"step_cache": None, "spec": False}).names() == ["vision_cache", "stream", "system",
+                                                                                 "lean_expert"]
     assert FlashDriveConfig.parse("stream").spec is False
     for bad in ("warp", {"nope": 1}, {"step_cache": "sometimes"}, {"on_break": "ignore"}, {"spec": "maybe"}, 3):
         with pytest.raises(InvalidInputError):
