@@ -31,3 +31,8 @@ $MMSPEC bench --model vision/assets/reader --workload docs --n 8 --batch-sizes 1
 $MMSPEC bench --model vision/assets/reader --workload docs --n 8 --batch-sizes 1 --threads 2 \
     --systems "hierarchical;block_tokens=160,hierarchical;block_tokens=160;drafter=page-lookup" \
     --json $R/bench-hierarchical-bs1.json
+# 4. row plans of hierarchical decoding (16 pages; README "row plans"), 2026-12-04 15:22, same machine and settings
+H="hierarchical;block_tokens=160"
+$MMSPEC bench --model vision/assets/reader --workload docs --n 16 --batch-sizes 1 --threads 2 \
+    --systems "$H,$H;drafter=page-lookup,$H;lines_per_row=4;drafter=page-lookup,$H;row_tokens=24,$H;row_tokens=18,$H;row_tokens=18;drafter=page-lookup,$H;row_tokens=24;drafter=page-lookup" \
+    --json $R/bench-hierarchical-plans-n16.json
