@@ -69,12 +69,14 @@ KINDS = [  # the ops' own (self) time by kind; first match wins, the rest is "el
                 "amax", "mean", "prod", "allclose")),
 ]
 KIND_NAMES = [k for k, _ in KINDS] + ["elementwise"]
+MAP_STAGES = list(STAGES[:-1]) + ["generate"]  # plain's generate: its own work between the forwards, in total only
 
 
 def kind_of(name: str) -> str:
     op = name.split("::", 1)[-1]
     for kind, names in KINDS:
-        if op in names or (kind == "matmul" and op.startswith(("mkldnn", "_mkl"))):
+        if op in names or (kind == "matmul" and op.startswith(("mkldnn", "_mkl"))) \
+                or (kind == "attention" and any(n in op for n in names)):  # the SDPA kernels' own names
             return kind
     return "elementwise"
 
@@ -242,6 +244,28 @@ def summarize_python(profs: dict, n_ticks: int, top: int = 15) -> dict:
     return out
 
 
+def stage_map(timing: dict, prof: dict) -> dict:
+    """The tick in unprofiled ms: per stage its middle-half time from the timing pass, split into the profile's
+    parts (own op time by kind, Python) in the profile's proportions (the profiler adds ~1 us per recorded op, so
+    its stage times run high); ``profiler_us_per_op``: (profiled - unprofiled tick) / op events."""
+    out, events = {}, 0.0
+    for stage in MAP_STAGES:
+        p = prof["stages"].get(stage)
+        if p is None:
+            continue
+        events += p["n_ops"]
+        wall = p["wall"]["middle"]
+        parts = {k: v["middle"] for k, v in p["own_by_kind"].items()}
+        parts["python"] = max(0.0, wall - sum(parts.values()))
+        ms = timing["middle_outside_stages"] if stage == "generate" else timing[stage]["middle"]
+        scale = ms / wall if wall else 0.0
+        out[stage] = {"ms": ms, "profiled_ms": wall, "parts_ms": {k: v * scale for k, v in parts.items()}}
+    out["total"] = {"ms": timing["total"]["middle"], "profiled_ms": prof["tick_wall_ms"]["middle"]}
+    out["profiler_us_per_op"] = (prof["tick_wall_ms"]["middle"] - timing["total"]["middle"]) * 1e3 / max(events, 1)
+    out["around_the_clock_ms"] = timing["step_ms"]["middle"] - timing["total"]["middle"]
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -359,6 +383,9 @@ def main(argv=None) -> int:
             rec["systems"][s]["python"] = summarize_python(profs[s], n_timed[s])
         print(f"python pass done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
+    for r in rec["systems"].values():
+        if "timing" in r and "profile" in r:
+            r["map"] = stage_map(r["timing"], r["profile"])
     rec["seconds"] = time.perf_counter() - t_start
     report(rec)
     if args.json:
@@ -377,6 +404,15 @@ def report(rec) -> None:
                   + f"   (median/middle; n={t['n']})")
             print(f"  median total - sum of stage medians: {t['median_total_minus_sum_of_stage_medians']:.2f}; "
                   f"middle outside stages: {t['middle_outside_stages']:.2f}; per tick: {r['per_tick']}")
+        if "map" in r:
+            m = r["map"]
+            print(f"map (unprofiled middle-half ms; profiler ~{m['profiler_us_per_op']:.2f} us per op event; "
+                  f"{m['around_the_clock_ms']:.2f} ms around the clock):")
+            for stage in MAP_STAGES:
+                if stage in m:
+                    print(f"  {stage:10s} {m[stage]['ms']:6.2f}  = " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in m[stage]["parts_ms"].items() if v >= 0.005))
+            print(f"  total      {m['total']['ms']:6.2f}")
         if "profile" in r:
             p = r["profile"]
             print(f"profile pass: tick wall (the clock's stages) {p['tick_wall_ms']['median']:.2f} median, "
