@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
-import pytest
-import torch
+# Every Python a test starts (the CLI, torchrun's workers, fresh interpreters, the shell scripts' steps) imports
+# torch and transformers again. Under a PYTHONPYCACHEPREFIX (CI sets one) Python reads bytecode only from there,
+# and with PYTHONDONTWRITEBYTECODE also set nothing is ever written there: every one of those processes compiles
+# the libraries from source, about 2 s a start, 13 s for a fresh interpreter importing every module. Then the
+# session keeps its bytecode in a temporary folder of its own, written by this process and every subprocess and
+# removed at the end (nothing lands in the checkout, site-packages or the caller's folder). Set before torch.
+_OWN_PYCACHE = None
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and os.environ.get("PYTHONPYCACHEPREFIX"):
+    _OWN_PYCACHE = tempfile.mkdtemp(prefix="mmspec-test-pycache-")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = _OWN_PYCACHE
+    sys.dont_write_bytecode = False
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Tests never write the user's cache (~/.cache/mmspec: the tiny VLM, the converted SmolLM2, assembled readers):
 # unless the caller chose a cache (CI sets MMSPEC_CACHE to its work folder), the session gets a temporary one,
@@ -19,8 +33,9 @@ if not os.environ.get("MMSPEC_CACHE"):
 
 
 def pytest_unconfigure(config):
-    if _OWN_CACHE:
-        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+    for own in (_OWN_CACHE, _OWN_PYCACHE):
+        if own:
+            shutil.rmtree(own, ignore_errors=True)
 
 # The test models are tiny: thread start-up costs more than the matmuls, and on a busy 2-core machine
 # two threads made a 64-wide forward ~10x slower than one. MMSPEC_TEST_THREADS overrides.
