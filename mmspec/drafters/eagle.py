@@ -49,7 +49,7 @@ from .base import DraftContext, RoundResult
 from .saving import TrainableDrafter, target_fingerprint
 
 __all__ = ["EagleDrafter", "train_eagle", "default_layer_ids", "collect_eagle_data", "target_record",
-           "collate_eagle", "eagle_unroll_loss", "EagleLoss", "warmup_cosine"]
+           "draft_vocab_from_records", "collate_eagle", "eagle_unroll_loss", "EagleLoss", "warmup_cosine"]
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -85,17 +85,26 @@ def _rope(x, cos, sin):
 
 
 class _Block(nn.Module):
-    """One Llama-style pre-norm decoder layer; attention over optional cached keys/values (RoPE applied)."""
+    """One Llama-style pre-norm decoder layer; attention over optional cached keys/values (RoPE applied).
 
-    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, theta: float):
+    ``two_inputs`` makes it EAGLE-3's first layer (vLLM's ``llama_eagle3.LlamaDecoderLayer``, layer 0, with
+    ``norm_before_residual``): it takes the token embedding and the feature apart, normalises each
+    (``input_layernorm``, ``hidden_norm``), and its q/k/v read both, ``[2H]``; the residual stream starts at the
+    normalised feature."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, theta: float,
+                 two_inputs: bool = False):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
         self.heads, self.theta = heads, theta
         self.input_layernorm = _RMSNorm(hidden, eps)
-        self.q_proj = nn.Linear(hidden, hidden, bias=False)
-        self.k_proj = nn.Linear(hidden, hidden, bias=False)
-        self.v_proj = nn.Linear(hidden, hidden, bias=False)
+        width = 2 * hidden if two_inputs else hidden
+        if two_inputs:
+            self.hidden_norm = _RMSNorm(hidden, eps)
+        self.q_proj = nn.Linear(width, hidden, bias=False)
+        self.k_proj = nn.Linear(width, hidden, bias=False)
+        self.v_proj = nn.Linear(width, hidden, bias=False)
         self.o_proj = nn.Linear(hidden, hidden, bias=False)
         self.post_attention_layernorm = _RMSNorm(hidden, eps)
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -126,14 +135,19 @@ class _Block(nn.Module):
             cache[names] = hit
         return hit[1]
 
-    def forward(self, x, pos, allowed, past_k=None, past_v=None, start=None):
+    def forward(self, x, pos, allowed, past_k=None, past_v=None, start=None, embeds=None):
         """``x[B, T, H]`` at ``pos[B, T]``; ``allowed[B, T, P + T]`` over ``P`` cached keys then the ``T`` new
         ones (``None``: every key). Returns ``(out[B, T, H], k[B, h, T, d], v[B, h, T, d])`` (the new
         keys/values, RoPE applied). With ``start``, ``past_k/v[B, h, capacity, d]`` are buffers whose first
         ``P = start`` slots are the cache: the new keys/values are written at ``start`` and attention reads
-        the buffer up to ``start + T`` (no copy of the whole cache per drafted token)."""
+        the buffer up to ``start + T`` (no copy of the whole cache per drafted token). A ``two_inputs`` layer
+        takes the feature as ``x`` and the token embeddings as ``embeds[B, T, H]``."""
         B, T, H = x.shape
-        h = self.input_layernorm(x)
+        if embeds is None:
+            h = self.input_layernorm(x)
+        else:  # EAGLE-3: q/k/v read [norm(embedding); norm(feature)], the residual is the normalised feature
+            x = self.hidden_norm(x)
+            h = torch.cat([self.input_layernorm(embeds), x], dim=-1)
         split = lambda t: t.view(B, T, self.heads, H // self.heads).transpose(1, 2)  # noqa: E731
         if torch.is_grad_enabled():
             q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
@@ -171,9 +185,21 @@ class EagleDrafter(TrainableDrafter):
             this (``"auto"``: derived from measured costs; ``None``: always full depth); see
             :class:`~mmspec.budget.ConfidenceStop`. Lossless either way.
         fingerprint: the target's fingerprint (set by :meth:`from_target` / ``from_pretrained``).
+        layout: ``"mmspec"`` (``Linear(2H -> H)`` over ``[embedding; feature]``, then a standard layer) or
+            ``"eagle3"``: EAGLE-3's layer as vLLM and speculators build it (``Eagle3LlamaForCausalLM``), so that
+            ``mmspec export --format vllm-eagle3`` can ship it: the fused three-layer feature (``norm_before_fc``)
+            and the token embedding, each normalised, enter q/k/v side by side (``[2H]``), the residual stream
+            starts at the normalised feature (``norm_before_residual``), and the head's slot ``j`` holds token
+            ``j + 1`` with the feature of position ``j`` at RoPE position ``j`` (vLLM's alignment: no slot for
+            position 0, which has no feature before it).
+        draft_vocab_size: draft only among this many target tokens (``draft_ids``, the most frequent in the
+            training responses, set with :meth:`set_draft_vocab`): EAGLE-3's reduced vocabulary (``d2t`` /
+            ``t2d``). The LM head stays the target's, read at those rows; other tokens get ``-inf``. ``None``: the
+            whole vocabulary.
     """
 
     kind = "eagle"
+    LAYOUTS = ("mmspec", "eagle3")
     target_tensors = {"embed_tokens.weight": "input", "lm_head.weight": "output"}
 
     num_read_layers = 3
@@ -183,8 +209,13 @@ class EagleDrafter(TrainableDrafter):
     def __init__(self, hidden_size: int, vocab_size: int, layer_ids=(1, 1, 1), num_draft_tokens: int = 4,
                  topk: int = 1, tree_nodes: int | None = None, num_heads: int | None = None,
                  intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
-                 min_confidence: float | str | None = None, fingerprint: dict | None = None):
+                 min_confidence: float | str | None = None, fingerprint: dict | None = None,
+                 layout: str = "mmspec", draft_vocab_size: int | None = None):
         super().__init__(fingerprint=fingerprint)
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"layout must be one of {self.LAYOUTS} (got {layout!r})")
+        if layout != "mmspec" and self.num_read_layers != 3:
+            raise ValueError(f"the {layout!r} layout is EAGLE's three-layer head; {self.kind} has its own")
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1 (got {num_draft_tokens})")
         if topk < 1:
@@ -204,12 +235,22 @@ class EagleDrafter(TrainableDrafter):
         self.intermediate_size = int(intermediate_size or 2 * H)
         self.rms_eps, self.rope_theta = float(rms_eps), float(rope_theta)
         self.stop = ConfidenceStop.parse(min_confidence)
+        self.layout = layout
+        self.skip_first = int(layout == "eagle3")  # head slot j holds sequence position j + skip_first
+        if draft_vocab_size is not None and not 1 <= int(draft_vocab_size) <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..{self.vocab_size} (got {draft_vocab_size})")
+        self.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
+        if self.draft_vocab_size is not None:
+            self.register_buffer("draft_ids", torch.arange(self.draft_vocab_size))
+        else:
+            self.draft_ids = None
         self.embed_tokens = nn.Embedding(self.vocab_size, H)
         self.lm_head = nn.Linear(H, self.vocab_size, bias=False)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
         self._build_input()
-        self.layer = _Block(H, self.num_heads, self.intermediate_size, self.rms_eps, self.rope_theta)
+        self.layer = _Block(H, self.num_heads, self.intermediate_size, self.rms_eps, self.rope_theta,
+                            two_inputs=layout == "eagle3")
         self.norm = _RMSNorm(H, self.rms_eps)
         self._reset_run()
 
@@ -219,7 +260,42 @@ class EagleDrafter(TrainableDrafter):
         H = self.hidden_size
         self.fuse = nn.Linear(3 * H, H, bias=False)
         self.fuse_norm = _RMSNorm(3 * H, self.rms_eps)
-        self.fc = nn.Linear(2 * H, H, bias=False)
+        if self.layout == "mmspec":  # EAGLE-3's layer reads [embedding; feature] in q/k/v itself
+            self.fc = nn.Linear(2 * H, H, bias=False)
+
+    def set_draft_vocab(self, token_ids) -> None:
+        """The target tokens this head drafts among (``draft_vocab_size`` of them, distinct; stored sorted)."""
+        ids = torch.as_tensor(list(token_ids), dtype=torch.long).unique()
+        if self.draft_ids is None or len(ids) != self.draft_vocab_size:
+            raise ValueError(f"expected {self.draft_vocab_size} distinct token ids (got {len(ids)})")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"draft token ids must lie in 0..{self.vocab_size - 1}")
+        self.draft_ids.copy_(ids.to(self.draft_ids.device))
+
+    def in_draft_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``bool`` like ``tokens``: which of them this head can draft."""
+        if self.draft_ids is None:
+            return torch.ones_like(tokens, dtype=torch.bool)
+        return torch.isin(tokens, self.draft_ids)
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Float logits over the target's vocabulary from the head's normalised output; with a draft vocabulary,
+        the LM head's rows at ``draft_ids`` only, ``-inf`` elsewhere (what vLLM's ``compute_logits`` gives)."""
+        if self.draft_ids is None:
+            return self.lm_head(out).float()
+        if torch.is_grad_enabled():
+            w = self.lm_head.weight[self.draft_ids]
+        else:  # the gathered rows, cached until the LM head or the vocabulary changes
+            key = tuple((t.data_ptr(), t._version) for t in (self.lm_head.weight, self.draft_ids))
+            hit = self.__dict__.get("_draft_rows")
+            if hit is None or hit[0] != key:
+                hit = (key, self.lm_head.weight.detach()[self.draft_ids])
+                self.__dict__["_draft_rows"] = hit
+            w = hit[1]
+        small = F.linear(out, w).float()
+        full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.draft_ids] = small
+        return full
 
     # ------------------------------------------------------------------ construction / saving
     @property
@@ -230,7 +306,8 @@ class EagleDrafter(TrainableDrafter):
         return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "layer_ids": list(self.layer_ids),
                 "num_draft_tokens": self.num_draft_tokens, "topk": self.topk, "tree_nodes": self.tree_nodes,
                 "num_heads": self.num_heads, "intermediate_size": self.intermediate_size, "rms_eps": self.rms_eps,
-                "rope_theta": self.rope_theta, "min_confidence": None if self.stop is None else self.stop.spec()}
+                "rope_theta": self.rope_theta, "min_confidence": None if self.stop is None else self.stop.spec(),
+                "layout": self.layout, "draft_vocab_size": self.draft_vocab_size}
 
     @classmethod
     def from_target(cls, target, tokenizer=None, layer_ids=None, seed: int | None = None, **kw) -> "EagleDrafter":
@@ -251,6 +328,10 @@ class EagleDrafter(TrainableDrafter):
             raise InvalidInputError(f"layer_ids {layer_ids} out of range for a target with {n} layers (0..{n})")
         head = target.get_output_embeddings().weight
         kw.setdefault("rms_eps", float(getattr(text, "rms_norm_eps", 1e-6)))
+        if kw.get("layout") == "eagle3" and getattr(text, "num_attention_heads", None):
+            # the target's head width: one a serving engine's attention kernels take (vLLM's CPU backend takes
+            # 32, 64, 80, ...: SmolLM2's 576 / 8 = 72 fails there, its own 9 heads of 64 do not)
+            kw.setdefault("num_heads", int(text.num_attention_heads))
         if seed is not None:
             torch.manual_seed(seed)
         drafter = cls(hidden_size=int(text.hidden_size), vocab_size=int(head.shape[0]), layer_ids=layer_ids,
@@ -272,10 +353,13 @@ class EagleDrafter(TrainableDrafter):
         ``start``: ``past_k/v`` are buffers written in place (see ``_Block.forward``). ``logits_at[B, T]``
         (bool): logits only there, as ``[N, V]`` (training: a VLM prompt's hundreds of unlabelled positions
         would otherwise dominate the cost of a large vocabulary's head)."""
-        x = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))
-        h, k, v = self.layer(x, positions, allowed, past_k, past_v, start)
+        if self.layout == "eagle3":
+            h, k, v = self.layer(features, positions, allowed, past_k, past_v, start, embeds=self.embed_tokens(tokens))
+        else:
+            x = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))
+            h, k, v = self.layer(x, positions, allowed, past_k, past_v, start)
         out = self.norm(h if logits_at is None else h[logits_at])
-        return self.lm_head(out).float(), h, k, v
+        return self._logits(out), h, k, v
 
     # ------------------------------------------------------------------ run-time state
     def _reset_run(self):
@@ -300,8 +384,12 @@ class EagleDrafter(TrainableDrafter):
         fused = self.fuse_features(self._ctx_layers(ctx))  # [B, P_padded, H], prompts right-aligned
         H, hd = self.hidden_size, self.hidden_size // self.num_heads
         for b, (r, plen) in enumerate(zip(ctx.rows, ctx.prompt_lengths)):
-            zero = torch.zeros(1, H, device=fused.device, dtype=fused.dtype)  # f_{-1}: position 0 has no feature
-            self._todo[r] = torch.cat([zero, fused[b, fused.shape[1] - plen:]], dim=0)
+            mine = fused[b, fused.shape[1] - plen:]
+            if self.skip_first:  # EAGLE-3: slot j = (token j + 1, feature j)
+                self._todo[r] = mine
+            else:
+                zero = torch.zeros(1, H, device=fused.device, dtype=fused.dtype)  # f_{-1}: position 0 has none
+                self._todo[r] = torch.cat([zero, mine], dim=0)
             self._k[r] = fused.new_zeros(self.num_heads, plen + 64, hd)
             self._v[r] = torch.zeros_like(self._k[r])
             self._n[r] = 0
@@ -336,10 +424,11 @@ class EagleDrafter(TrainableDrafter):
         ``[B, h, >= length + room, d]`` whose first ``length`` slots are the (left-padded) keys/values and the
         next ``room`` free for the drafts (``valid[B, length]``, ``None`` when every key is real: one row),
         plus the pending position's logits ``[B, V]``, hidden state ``[B, H]`` and position ``[B]``."""
-        dev, dtype = self.fc.weight.device, self.fc.weight.dtype
+        dev, dtype = self.norm.weight.device, self.norm.weight.dtype
         B, H, hd = len(ctx.rows), self.hidden_size, self.hidden_size // self.num_heads
         news = []
         for r, seq in zip(ctx.rows, ctx.sequences):
+            seq = seq[self.skip_first:]  # head slots (see ``layout``)
             n, c = len(seq) - 1, self._n[r]
             if self._todo[r].shape[0] != n - c + 1:
                 raise RuntimeError(f"eagle drafter lost track of row {r}: {self._todo[r].shape[0]} features for "
@@ -588,6 +677,25 @@ def collect_eagle_data(target, sequences, layer_ids, max_new_tokens: int = 32) -
     return [target_record(target, p, layer_ids, max_new_tokens) for p in sequences]
 
 
+def draft_vocab_from_records(records: list[dict], size: int, vocab_size: int) -> list[int]:
+    """EAGLE-3's reduced draft vocabulary: the ``size`` target tokens most often predicted next in the records'
+    responses (their ``labels`` from the last prompt position on; ties to the lower id), topped up with the
+    lowest unused ids when the records hold fewer distinct tokens. Sorted.
+
+    Example:
+        >>> rec = {"tokens": torch.tensor([1, 5, 5, 7]), "labels": torch.tensor([5, 5, 7, 7]), "prompt_len": torch.tensor(1)}
+        >>> draft_vocab_from_records([rec], 3, 10)
+        [0, 5, 7]
+    """
+    counts = torch.zeros(int(vocab_size), dtype=torch.long)
+    for r in records:
+        lab = torch.as_tensor(r["labels"]).long()
+        lab = lab[max(0, int(r.get("prompt_len", 1)) - 1):]
+        counts += torch.bincount(lab[(lab >= 0) & (lab < vocab_size)], minlength=int(vocab_size))
+    order = sorted(range(int(vocab_size)), key=lambda i: (-int(counts[i]), i))
+    return sorted(order[: int(size)])
+
+
 def collate_eagle(records: list[dict], response_only: bool = True) -> dict:
     """Right-pad records to ``tokens[B, T]``, ``labels[B, T]`` (-100 on padding), ``features[B, T, D]``,
     ``valid[B, T]``. Accepts the older record form with ``layers`` (a list of ``[n, H]`` tensors) too.
@@ -653,17 +761,23 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
     with the head's own output hidden state of step ``s - 1`` at the position before (training-time test),
     under the mask of :func:`_unroll_mask`. Steps ``>= 2`` run only from ``batch["start"]`` (the first
     position any row has a label at) on. Returns ``(losses[unroll], accuracies[unroll])`` (tensors; the
-    losses carry gradients)."""
-    dev, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
+    losses carry gradients). With a draft vocabulary, labels outside it count as misses in the accuracy and
+    are left out of the loss (the head cannot draft them)."""
+    dev, dtype = drafter.norm.weight.device, drafter.norm.weight.dtype
     tok, lab = batch["tokens"].to(dev), batch["labels"].to(dev)
     valid, feats = batch["valid"].to(dev), batch["features"].to(dev)
-    B, T = tok.shape
-    start = min(int(batch.get("start", 0)), T - 1)
-    H = drafter.hidden_size
+    start = int(batch.get("start", 0))
     fused = drafter.fuse_features(list(feats.to(dtype).chunk(len(drafter.layer_ids), dim=-1)))
+    B, H = tok.shape[0], drafter.hidden_size
     zero = torch.zeros(B, 1, H, device=dev, dtype=dtype)
+    if drafter.skip_first:  # EAGLE-3's slots: slot j holds token j + 1 with the feature of position j
+        tok, lab, valid, feat = tok[:, 1:], lab[:, 1:], valid[:, 1:], fused[:, :-1]
+        start -= 1
+    else:
+        feat = torch.cat([zero, fused[:, :-1]], dim=1)  # f_{i-1}
+    T = tok.shape[1]
+    start = max(0, min(start, T - 1))
     pos = torch.arange(T, device=dev)[None].expand(B, T)
-    feat = torch.cat([zero, fused[:, :-1]], dim=1)  # f_{i-1}
     losses, accs = [], []
     hid_prev, past_k, past_v = None, None, None
     for s in range(1, unroll + 1):
@@ -686,7 +800,8 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
         past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
         past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
         target = lab_s[keep]
-        losses.append(F.cross_entropy(lg, target) if len(target) else lg.sum() * 0.0)
+        ok = drafter.in_draft_vocab(target)
+        losses.append(F.cross_entropy(lg[ok], target[ok]) if bool(ok.any()) else lg[:0].sum() * 0.0)
         accs.append((lg.argmax(-1) == target).sum().float() / keep.sum().clamp(min=1))
     return torch.stack(losses), torch.stack(accs).detach()
 
@@ -723,12 +838,15 @@ def train_eagle(target, tokenizer=None, sequences=(), steps: int = 300, *, draft
     For data on disk, several processes, checkpoints and resume, use :mod:`mmspec.train` (``mmspec train``),
     which shares this loss.
     """
-    if drafter is None:
+    fresh = drafter is None
+    if fresh:
         drafter = EagleDrafter.from_target(target, tokenizer, seed=seed, **drafter_kw)
     if data is None:
         if not len(sequences):
             raise InvalidInputError("train_eagle needs prompts (a list of 1-D token id tensors or processor outputs)")
         data = collect_eagle_data(target, sequences, drafter.layer_ids, max_new_tokens)
+    if fresh and drafter.draft_vocab_size is not None:  # a head built here drafts among its data's tokens
+        drafter.set_draft_vocab(draft_vocab_from_records(data, drafter.draft_vocab_size, drafter.vocab_size))
     unroll = int(unroll if unroll is not None else (2 if ttt else 1))
     rng = random.Random(seed)
     params = [p for p in drafter.parameters() if p.requires_grad]

@@ -111,16 +111,6 @@ class GlanceTrainer(Trainer):
     #: the kind's options and their defaults (a subclass names its own)
     OPTIONS = OPTION_DEFAULTS
 
-    def options(self, cfg) -> dict:
-        """The kind's options of ``cfg`` over the defaults (validated by :meth:`check_options`)."""
-        given = dict(getattr(cfg, "options", None) or {})
-        bad = sorted(set(given) - set(self.OPTIONS))
-        if bad:
-            raise InvalidInputError(f"unknown {self.kind} training options {bad}; known: {sorted(self.OPTIONS)}")
-        opts = {**self.OPTIONS, **given}
-        self.check_options(opts)
-        return opts
-
     def check_options(self, opts: dict) -> None:
         """Raise :class:`~mmspec.errors.InvalidInputError` on a bad value (subclasses add their own checks)."""
         for k in ("num_anchors", "num_layers", "num_kept_layers"):

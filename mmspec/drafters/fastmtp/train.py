@@ -85,17 +85,10 @@ class FastMTPTrainer(EagleTrainer):
 
         return FastMTPDrafter
 
-    def options(self, cfg) -> dict:
-        """The kind options of ``cfg`` over :attr:`OPTIONS`; raises InvalidInputError on unknown keys or values."""
-        given = dict(getattr(cfg, "options", None) or {})
-        bad = sorted(set(given) - set(self.OPTIONS))
-        if bad:
-            raise InvalidInputError(f"unknown fastmtp training options {bad}; known: {sorted(self.OPTIONS)}")
-        opts = {**self.OPTIONS, **given}
+    def check_options(self, opts: dict) -> None:
         beta = opts["beta"]
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
             raise InvalidInputError(f"fastmtp option beta must be a number > 0 (got {beta!r})")
-        return opts
 
     def check_config(self, cfg):
         self.options(cfg)
