@@ -272,15 +272,16 @@ class EagleDrafter(TrainableDrafter):
             raise ValueError(f"draft token ids must lie in 0..{self.vocab_size - 1}")
         self.draft_ids.copy_(ids.to(self.draft_ids.device))
 
-    def in_draft_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``bool`` like ``tokens``: which of them this head can draft."""
-        if self.draft_ids is None:
-            return torch.ones_like(tokens, dtype=torch.bool)
-        return torch.isin(tokens, self.draft_ids)
+    def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Each target token's index in the draft vocabulary (``-1``: not in it)."""
+        where = torch.full((self.vocab_size,), -1, dtype=torch.long, device=tokens.device)
+        where[self.draft_ids.to(tokens.device)] = torch.arange(self.draft_vocab_size, device=tokens.device)
+        return where[tokens]
 
-    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+    def _logits(self, out: torch.Tensor, draft_space: bool = False) -> torch.Tensor:
         """Float logits over the target's vocabulary from the head's normalised output; with a draft vocabulary,
-        the LM head's rows at ``draft_ids`` only, ``-inf`` elsewhere (what vLLM's ``compute_logits`` gives)."""
+        the LM head's rows at ``draft_ids`` only, ``-inf`` elsewhere (what vLLM's ``compute_logits`` gives), or with
+        ``draft_space`` over the draft vocabulary alone (``[..., draft_vocab_size]``: training's loss)."""
         if self.draft_ids is None:
             return self.lm_head(out).float()
         if torch.is_grad_enabled():
@@ -293,6 +294,8 @@ class EagleDrafter(TrainableDrafter):
                 self.__dict__["_draft_rows"] = hit
             w = hit[1]
         small = F.linear(out, w).float()
+        if draft_space:
+            return small
         full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
         full[..., self.draft_ids] = small
         return full
@@ -346,20 +349,22 @@ class EagleDrafter(TrainableDrafter):
         x = torch.cat([h.to(self.fuse.weight.dtype) for h in per_layer], dim=-1)
         return self.fuse(self.fuse_norm(x))
 
-    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None, start=None, logits_at=None):
+    def forward(self, tokens, features, positions, allowed, past_k=None, past_v=None, start=None, logits_at=None,
+                draft_space=False):
         """Head pass: ``tokens[B, T]``, ``features[B, T, H]`` (feature of the previous position),
         ``positions[B, T]``, ``allowed[B, T, P + T]`` over ``P`` cached keys ``past_k/v[B, h, P, d]`` and the
         new ones -> ``(logits[B, T, V], hidden[B, T, H], k, v)`` (``k, v``: the new positions' keys/values).
         ``start``: ``past_k/v`` are buffers written in place (see ``_Block.forward``). ``logits_at[B, T]``
         (bool): logits only there, as ``[N, V]`` (training: a VLM prompt's hundreds of unlabelled positions
-        would otherwise dominate the cost of a large vocabulary's head)."""
+        would otherwise dominate the cost of a large vocabulary's head). ``draft_space``: logits over the draft
+        vocabulary only (see :meth:`_logits`)."""
         if self.layout == "eagle3":
             h, k, v = self.layer(features, positions, allowed, past_k, past_v, start, embeds=self.embed_tokens(tokens))
         else:
             x = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))
             h, k, v = self.layer(x, positions, allowed, past_k, past_v, start)
         out = self.norm(h if logits_at is None else h[logits_at])
-        return self._logits(out), h, k, v
+        return self._logits(out, draft_space), h, k, v
 
     # ------------------------------------------------------------------ run-time state
     def _reset_run(self):
@@ -778,6 +783,7 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
     T = tok.shape[1]
     start = max(0, min(start, T - 1))
     pos = torch.arange(T, device=dev)[None].expand(B, T)
+    small = drafter.draft_ids is not None
     losses, accs = [], []
     hid_prev, past_k, past_v = None, None, None
     for s in range(1, unroll + 1):
@@ -796,13 +802,17 @@ def eagle_unroll_loss(drafter: "EagleDrafter", batch: dict, unroll: int = 2):
         lab_s[:, : max(s - 1 - (T - n), s - 2 if s > 2 else 0)] = -100
         keep = lab_s != -100
         # logits only where a label is: the same loss, without the head over the prompt's positions
-        lg, hid_prev, k, v = drafter(tok_s, feat, pos_s, allowed, past_k, past_v, logits_at=keep)
+        # (with a draft vocabulary: logits over it alone, the labels as indices into it)
+        lg, hid_prev, k, v = drafter(tok_s, feat, pos_s, allowed, past_k, past_v, logits_at=keep,
+                                     **({"draft_space": True} if small else {}))
         past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
         past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
         target = lab_s[keep]
-        ok = drafter.in_draft_vocab(target)
-        losses.append(F.cross_entropy(lg[ok], target[ok]) if bool(ok.any()) else lg[:0].sum() * 0.0)
-        accs.append((lg.argmax(-1) == target).sum().float() / keep.sum().clamp(min=1))
+        idx = drafter.draft_index(target) if small else target
+        ok = idx >= 0
+        losses.append(F.cross_entropy(lg[ok], idx[ok]) if bool(ok.any()) else lg[:0].sum() * 0.0)
+        pred = lg.argmax(-1)
+        accs.append(((drafter.draft_ids[pred] if small else pred) == target).sum().float() / keep.sum().clamp(min=1))
     return torch.stack(losses), torch.stack(accs).detach()
 
 
