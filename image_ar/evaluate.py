@@ -145,6 +145,11 @@ def main(argv=None) -> int:
     g.add_argument("--batch-size", type=int, default=16)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--size", default="small", choices=["tiny", "medium", "small"])
+    g.add_argument("--image-size", type=int, default=64, help="pixels per side (the VQ-VAE's grid: 64 -> 16 x 16, "
+                                                               "128 -> 32 x 32)")
+    g.add_argument("--device", default=None, help="e.g. cuda (bf16 autocast there); default cpu")
+    g.add_argument("--workers", type=int, default=0, help="processes drawing the training pictures")
+    g.add_argument("--save-every", type=int, default=250)
     e = sub.add_parser("eval", help="VQ reconstruction, and the generator's FID and prompt accuracy")
     e.add_argument("--generator", default=None)
     e.add_argument("--vq", default=None)
@@ -172,7 +177,9 @@ def main(argv=None) -> int:
     elif args.cmd == "train-classifier":
         train_classifier(args.out, steps=args.steps, batch_size=args.batch_size)
     elif args.cmd == "train-generator":
-        train_generator(args.out, args.vq, steps=args.steps, batch_size=args.batch_size, lr=args.lr, size=args.size)
+        train_generator(args.out, args.vq, steps=args.steps, batch_size=args.batch_size, lr=args.lr, size=args.size,
+                        image_size=args.image_size, device=args.device, workers=args.workers,
+                        save_every=args.save_every)
     elif args.cmd == "export":
         from .generator import export_generator
         from .quality import export_classifier

@@ -43,7 +43,7 @@ import torch
 from mmspec.errors import InvalidInputError
 from mmspec.pipelines import MMSpecPipeline
 
-from .vq import VQVAE, to_image, to_tensor
+from .vq import VQVAE, to_image
 
 __all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "speculative_codes",
            "SPECIAL_TOKENS",
@@ -503,29 +503,63 @@ def export_generator(src: str, out: str = GENERATOR_DIR, dtype=torch.bfloat16) -
     return out
 
 
+class _CodeBatches(torch.utils.data.Dataset):
+    """Step ``i`` of generator training: the ``images`` workload's train items ``i * batch_size ...``, as
+    ``(prompts, pixels)`` (uint8 ``[B, H, W, 3]``: a quarter of float32's bytes through the workers' shared memory);
+    a dataset so DataLoader workers can draw pictures while the device trains (the batch of a step is the same with
+    or without workers)."""
+
+    def __init__(self, batch_size: int, image_size: int):
+        from mmspec.workloads import get_workload
+
+        self.batch_size, self.wl = batch_size, get_workload("images", size=image_size)
+
+    def __len__(self) -> int:
+        return 2 ** 31 - 1
+
+    def __getitem__(self, step: int):
+        exs = self.wl.examples("train", self.batch_size, start=step * self.batch_size)
+        return [ex.prompt for ex in exs], torch.from_numpy(np.stack([np.asarray(ex.meta["image"].convert("RGB"))
+                                                                     for ex in exs]))
+
+
 def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int = 16, lr: float = 1e-3,
                     size: str = "small", p_uncond: float = 0.1, save_every: int = 250, seed: int = 0,
-                    progress: bool = True) -> ImageARPipeline:
+                    progress: bool = True, image_size: int = 64, device: str | None = None,
+                    workers: int = 0) -> ImageARPipeline:
     """Train (or resume) the llama backend on the ``images`` workload, codes from the frozen VQ-VAE at
     ``vq_path``; cross-entropy on the code tokens and ``<eoi>``; prompts dropped to ``<pad>`` with
-    probability ``p_uncond`` (what guidance needs). Writes ``save_pretrained`` checkpoints and a log."""
+    probability ``p_uncond`` (what guidance needs). Writes ``save_pretrained`` checkpoints and a log.
+
+    ``image_size`` sets the grid (the VQ-VAE is convolutional: 64 px -> 16 x 16 codes, 128 px -> 32 x 32);
+    ``device`` (e.g. ``"cuda"``; bf16 autocast there) and ``workers`` (processes drawing the pictures) only
+    change speed. A resumed run keeps the grid it started with.
+
+    Example:
+        >>> train_generator("runs/gen32", "image_ar/assets/image-gen/vq", image_size=128,
+        ...                 device="cuda", workers=8)                                   # doctest: +SKIP
+    """
     from tqdm import tqdm
 
     from mmspec.drafters.eagle import warmup_cosine
     from mmspec.train import trim_log
-    from mmspec.workloads import get_workload
 
     os.makedirs(out, exist_ok=True)
     state_path = os.path.join(out, "state.pt")
-    vq = VQVAE.from_pretrained(vq_path)
+    device = torch.device(device or "cpu")
+    vq = VQVAE.from_pretrained(vq_path).to(device)
+    grid = int(vq.encode(torch.zeros(1, 3, image_size, image_size, device=device)).shape[-1])
     if os.path.isfile(state_path):
         pipe = ImageARPipeline.from_pretrained(out, dtype=torch.float32)
         saved = torch.load(state_path, weights_only=True)
+        if pipe.grid != grid:
+            raise InvalidInputError(f"{out} was trained on a {pipe.grid} x {pipe.grid} grid; image_size="
+                                    f"{image_size} gives {grid} x {grid}")
+        pipe.vq = vq
     else:
-        model, tok = build_generator(vq, size, seed=seed)
-        probe = vq.encode(torch.zeros(1, 3, 64, 64))
-        pipe, saved = ImageARPipeline(model, tok, vq, grid=int(probe.shape[-1])), None
-    model, tok = pipe.model, pipe.tokenizer
+        model, tok = build_generator(vq, size, grid=grid, seed=seed)
+        pipe, saved = ImageARPipeline(model, tok, vq, grid=grid), None
+    model, tok = pipe.model.to(device), pipe.tokenizer
     offset = int(model.generation_config.image_code_offset)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(100, steps))
@@ -536,30 +570,39 @@ def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int =
         start = int(saved["step"])
     log = os.path.join(out, "train_log.jsonl")
     trim_log(log, start)
-    wl = get_workload("images")
+    batches = torch.utils.data.DataLoader(_CodeBatches(batch_size, image_size), batch_size=None,
+                                          sampler=range(start, steps), num_workers=workers,
+                                          prefetch_factor=4 if workers else None, persistent_workers=False)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     eoi = tok.convert_tokens_to_ids("<eoi>")
     model.train()
-    for step in tqdm(range(start, steps), initial=start, total=steps, disable=not progress, desc="image generator"):
-        t0 = time.perf_counter()
+    bar = tqdm(total=steps, initial=start, disable=not progress, desc=f"image generator {grid}x{grid}")
+    t0, logged = time.perf_counter(), start
+    for step, (prompts, pixels) in zip(range(start, steps), batches):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        exs = wl.examples("train", batch_size, start=step * batch_size)
         with torch.no_grad():
-            codes = vq.encode(to_tensor([ex.meta["image"] for ex in exs])).flatten(1) + offset
-        ids, mask = _request_ids(tok, [ex.prompt for ex in exs])
+            x = pixels.to(device).permute(0, 3, 1, 2).float() / 127.5 - 1.0  # what to_tensor gives
+            codes = vq.encode(x).flatten(1).cpu() + offset
+        ids, mask = _request_ids(tok, prompts)
         drop = torch.rand(batch_size, generator=g) < p_uncond
         ids[drop] = _unconditional(ids[drop], tok)
         seq, full_mask, pos = _with_codes(ids, mask, torch.cat([codes, torch.full((batch_size, 1), eoi)], dim=1))
         labels = seq.clone()
         labels[:, : ids.shape[1]] = -100
-        loss = model(input_ids=seq, attention_mask=full_mask, position_ids=pos, labels=labels).loss
+        with autocast:
+            loss = model(input_ids=seq.to(device), attention_mask=full_mask.to(device),
+                         position_ids=pos.to(device), labels=labels.to(device)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        with open(log, "a") as f:
-            f.write(json.dumps({"step": step + 1, "loss": round(loss.item(), 4), "lr": sched.get_last_lr()[0],
-                                "sec": round(time.perf_counter() - t0, 3)}) + "\n")
+        bar.update(1)
+        if (step + 1) % 10 == 0 or step + 1 == steps or device.type == "cpu":  # .item() syncs a GPU: not every step
+            with open(log, "a") as f:
+                f.write(json.dumps({"step": step + 1, "loss": round(loss.item(), 4), "lr": sched.get_last_lr()[0],
+                                    "sec": round((time.perf_counter() - t0) / (step + 1 - logged), 3)}) + "\n")
+            t0, logged = time.perf_counter(), step + 1
         if (step + 1) % save_every == 0 or step + 1 == steps:
             model.eval()
             pipe.save_pretrained(out)
@@ -567,5 +610,6 @@ def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int =
             tmp = state_path + ".tmp"
             torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step + 1}, tmp)
             os.replace(tmp, state_path)
+    bar.close()
     model.eval()
     return pipe

@@ -45,6 +45,26 @@ def test_llama_backend_trains_saves_and_samples(tmp_path):
     assert torch.equal(logits.argmax(-1), codes[0])
 
 
+def test_generator_grid_follows_the_image_size_and_workers_train_the_same_run(tmp_path):
+    """image_size sets the grid (the VQ-VAE is convolutional); drawing the pictures in DataLoader workers trains
+    the same weights as drawing them in the loop; a resume at another size is refused."""
+    from safetensors.torch import load_file
+
+    from mmspec.errors import InvalidInputError
+
+    torch.set_num_threads(1)
+    train_vq(str(tmp_path / "vq"), steps=1, batch_size=2, progress=False, codebook_size=16, code_dim=8, hidden=16)
+    kw = dict(batch_size=2, size="tiny", save_every=1, progress=False, image_size=32)
+    one = train_generator(str(tmp_path / "one"), str(tmp_path / "vq"), steps=3, **kw)
+    assert one.grid == 8 and one.model.config.max_position_embeddings >= 64 + 8 * 8
+    two = train_generator(str(tmp_path / "two"), str(tmp_path / "vq"), steps=3, workers=1, **kw)
+    a, b = load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(tmp_path / "two" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert two(PROMPT, seed=0).size == (32, 32) and two.last_timings_ms["tokens"] == 64
+    with pytest.raises(InvalidInputError, match="8 x 8 grid"):
+        train_generator(str(tmp_path / "two"), str(tmp_path / "vq"), steps=4, **{**kw, "image_size": 64})
+
+
 def tiny_janus(prompts):
     """A tiny random transformers Janus (image mode usable) and a tokenizer trained on ``prompts``."""
     from transformers import JanusConfig, JanusForConditionalGeneration
