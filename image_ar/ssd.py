@@ -576,17 +576,34 @@ def _check_run_options(run: dict) -> None:
 
 
 def bundled_spatial_head(target_model) -> str | None:
-    """The head shipped under ``image_ar/assets/spatial-head`` when ``target_model`` is the one it was trained for."""
+    """The head shipped under ``image_ar/assets/spatial-head*`` for ``target_model``: its fingerprint matches, and
+    so does its grid where the target names one (``generation_config.image_grid``; the 16 x 16 and 32 x 32
+    generators share a shape and a tokenizer, not a grid).
+
+    Example:
+        >>> bundled_spatial_head(None) is None
+        True
+    """
+    import glob
     import json
     import os
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "spatial-head")
-    if not os.path.isfile(os.path.join(path, "config.json")) or target_model is None:
+    if target_model is None:
         return None
-    with open(os.path.join(path, "config.json")) as f:
-        fp = json.load(f).get("target_fingerprint", {})
-    actual = _fingerprint(target_model, None, fp.get("layer_ids", ()))
-    return path if all(actual.get(k, v) == v for k, v in fp.items()) else None
+    grid = getattr(getattr(target_model, "generation_config", None), "image_grid", None)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+    for path in sorted(glob.glob(os.path.join(root, "spatial-head*"))):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            continue
+        with open(os.path.join(path, "config.json")) as f:
+            saved = json.load(f)
+        fp = saved.get("target_fingerprint", {})
+        if grid and saved.get("config", {}).get("height") not in (None, int(grid)):
+            continue
+        actual = _fingerprint(target_model, None, fp.get("layer_ids", ()))
+        if all(actual.get(k, v) == v for k, v in fp.items()):
+            return path
+    return None
 
 
 def _fingerprint(target, tokenizer, layer_ids) -> dict:

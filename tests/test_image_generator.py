@@ -130,3 +130,19 @@ def test_bundled_generator_draws_what_its_prompts_ask():
 
     sharp = teacher_forced_accuracy(pipe, get_workload("images").examples("test", 8))
     assert sharp["teacher_forced_accuracy"] >= 0.95 and sharp["unconditional_teacher_forced_accuracy"] >= 0.8
+
+
+def test_bundled_spatial_head_follows_the_generators_grid():
+    """The 16 x 16 and 32 x 32 generators share shape and tokenizer: the bundled head is chosen by grid too."""
+    from pathlib import Path
+
+    from mmspec.image_ar.ssd import bundled_spatial_head
+
+    assets = Path(__file__).resolve().parents[1] / "image_ar" / "assets"
+    found = {}
+    for gen in ("image-gen", "image-gen-32"):
+        if not (assets / gen / "image_generation.json").is_file():
+            pytest.skip(f"no bundled {gen}")
+        pipe = ImageARPipeline.from_pretrained(str(assets / gen))
+        found[pipe.grid] = bundled_spatial_head(pipe.model)
+    assert Path(found[16]).name == "spatial-head" and Path(found[32]).name == "spatial-head-32"
