@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -97,30 +96,6 @@ def test_subprocess_json_and_exit_codes(tiny_vlm, image_file, tmp_path):
     data = json.loads(r.stdout.strip().splitlines()[-1])
     assert isinstance(data["text"], str) and data["stats"]["generated"] >= 1
     assert "mmspec: error: image file not found" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_demo_on_the_bundled_trained_target(capsys):
-    """`mmspec demo` (what `make demo` runs) on the trained model that ships with the repository: the reader
-    when it ships (its report card printed), else the testbed target."""
-    from mmspec.workloads import get_workload
-
-    reader = get_workload("docs").bundled_model()
-    if reader is None and get_workload("testbed-docs").bundled_model() is None:
-        pytest.skip("no trained document model in this checkout")
-    assert main(["demo", "--max-new-tokens", "24"]) == 0
-    out = capsys.readouterr().out
-    # auto runs the bf16 checkpoint in bf16 where the CPU computes in it natively, in float32 elsewhere
-    assert re.search(r"equals model.generate \(greedy, (bfloat16|float32)\): True", out), out
-    assert "wall clock" in out and "dtype: " in out
-    assert re.search(r"target passes: model.generate \d+, mmspec \d+", out)
-    if reader is not None:
-        assert "the bundled reader" in out and re.search(r"character error rate docs 0\.\d+", out), out
-        # auto says which drafter it took: a shipped head, or the reader's page-lookup fallback
-        assert re.search(r"auto: (chose \S+|no saved drafter (matches this target; using the fallback drafter "
-                         r"page-lookup|beats the fallback drafter page-lookup; using it))", out), out
-    else:
-        # drafter="auto" picked the shipped head by its validation figures
-        assert "testbed-vlm" in out and "auto: chose eagle (bundled)" in out
 
 
 @pytest.mark.parametrize("dtype, rc", [("float32", 1), ("bfloat16", 0)])

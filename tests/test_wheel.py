@@ -95,4 +95,12 @@ def test_the_installed_wheel_runs_the_demo_offline_outside_the_checkout(wheel, t
     assert all(line.startswith(site) for line in where.stdout.split()), where.stdout  # the wheel's, not the checkout's
     done = subprocess.run([str(entry), "demo", "--max-new-tokens", "48"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    assert "equals model.generate" in done.stdout and "target passes" in done.stdout, done.stdout[-2000:]
+    out = done.stdout
+    # What `make demo` prints on the bundled reader (this test is also the demo's own test: one demo run for both):
+    # equality to generate in the dtype auto picks (bf16 where the CPU computes in it natively, float32 elsewhere),
+    # the reader's report card, and which drafter auto took (a shipped head, or the page-lookup fallback).
+    assert re.search(r"equals model.generate \(greedy, (bfloat16|float32)\): True", out), out[-2000:]
+    assert "wall clock" in out and "dtype: " in out and re.search(r"target passes: model.generate \d+, mmspec \d+", out)
+    assert "the bundled reader" in out and re.search(r"character error rate docs 0\.\d+", out), out[-2000:]
+    assert re.search(r"auto: (chose \S+|no saved drafter (matches this target; using the fallback drafter "
+                     r"page-lookup|beats the fallback drafter page-lookup; using it))", out), out[-2000:]
