@@ -196,16 +196,6 @@ def _box(lines: list) -> list:
             lines[-1].y1]
 
 
-def _ink(image) -> np.ndarray:
-    """The page's ink mask as :func:`~mmspec.vision.reader.segment.segment` sees it (rules not erased: a table's
-    "|" is short, the rules erased are 40 px and longer)."""
-    from ..reader.segment import ink_mask
-
-    a = np.asarray(image)
-    gray = a if a.ndim == 2 else a[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
-    return ink_mask(gray)[0]
-
-
 class SegmentedRows:
     """The layout stage of the reader (:mod:`mmspec.vision.reader`): rows of whole lines from the page's own
     segmentation (:func:`~mmspec.vision.reader.segment.segment`), no trained detector.
@@ -248,7 +238,7 @@ class SegmentedRows:
     def detect(self, images: list) -> list[list[dict]]:
         """Each page's rows: ``type`` ``"lines"``, ``box`` ``[x0, y0, x1, y1]``, ``order``, ``lines``, ``joiner``,
         ``block`` (the segmentation's block index), ``tokens`` (its token boxes plus one per line end)."""
-        from ..reader.segment import segment
+        from ..reader.segment import page_ink, segment
 
         pages = []
         for image in images:
@@ -261,18 +251,21 @@ class SegmentedRows:
                 lines = blocks[k]
                 weights = [len(ln.boxes) + 1 for ln in lines]  # a line's tokens and its line break
                 if len(lines) > 1 and ink is None:
-                    ink = _ink(image)
+                    ink = page_ink(image)  # a table's "|" is short: rules are kept
                 head = 2 if len(lines) > 3 and is_table_block(lines, ink) else 0  # a table's header and its rule
                 body, bw = lines[head:], weights[head:]
-                n = -(-len(body) // self.lines_per_row)
+                head_tokens = sum(weights[:head])  # read again at the top of every row of a table
+                n = -(-len(body) // self.lines_per_row)  # rows the line cap asks for
                 if self.row_tokens is not None:
-                    n = min(len(body), max(n, -(-(sum(bw) + (n - 1) * sum(weights[:head])) // self.row_tokens)))
+                    # rows the token budget asks for: every row but the first also reads the repeated header
+                    tokens_to_read = sum(bw) + (n - 1) * head_tokens
+                    n = min(len(body), max(n, -(-tokens_to_read // self.row_tokens)))
                 cuts = balanced_cuts(bw, n, self.lines_per_row)
                 for r in range(n):
                     part = body[cuts[r]:cuts[r + 1]]
                     row = {"type": "lines", "order": len(rows), "block": k, "score": 1.0,
                            "joiner": "" if not rows else ("\n" if r else "\n\n"),
-                           "lines": len(part) + head, "tokens": sum(bw[cuts[r]:cuts[r + 1]]) + sum(weights[:head])}
+                           "lines": len(part) + head, "tokens": sum(bw[cuts[r]:cuts[r + 1]]) + head_tokens}
                     if head and r == 0:  # the first part of a table holds its header
                         part = lines[:head] + part
                     elif head:  # later parts are read under a copy of it, which the text then drops

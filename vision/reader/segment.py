@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["segment", "ink_mask", "line_height_estimate", "SegLine", "SegBox", "RULE_PX", "VRULE_PX", "GUTTER_EM", "COLUMN_MIN_EM", "BLOCK_GAP_EM",
+__all__ = ["segment", "page_ink", "ink_mask", "line_height_estimate", "SegLine", "SegBox", "RULE_PX", "VRULE_PX", "GUTTER_EM", "COLUMN_MIN_EM", "BLOCK_GAP_EM",
            "TOKEN_SPLIT_EM"]
 
 RULE_PX = 40
@@ -216,6 +216,20 @@ def _lines(ink: np.ndarray, y0: int, y1: int, x0: int, x1: int) -> list[tuple[in
     return merged
 
 
+def page_ink(image) -> np.ndarray:
+    """The boolean ink mask of a page (a PIL image or an ``H x W (x 3)`` uint8 array): grey by the luma weights,
+    then :func:`ink_mask`; rules are not erased here (:func:`segment` erases them).
+
+    Example:
+        >>> from PIL import Image
+        >>> int(page_ink(Image.new("RGB", (8, 8), "white")).sum())
+        0
+    """
+    arr = np.asarray(image)
+    gray = arr if arr.ndim == 2 else (arr[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32))
+    return ink_mask(gray)[0]
+
+
 def segment(image) -> list[SegLine]:
     """The lines of a page in reading order, each with its token boxes (see the module docstring).
 
@@ -226,10 +240,7 @@ def segment(image) -> list[SegLine]:
         >>> segment(Image.new("RGB", (50, 50), "white"))
         []
     """
-    arr = np.asarray(image)
-    gray = arr if arr.ndim == 2 else (arr[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32))
-    ink, _ = ink_mask(gray)
-    ink = erase_rules(ink)
+    ink = erase_rules(page_ink(image))
     blocks: list = []
     em = line_height_estimate(ink)
     if em == 0:
