@@ -551,7 +551,7 @@ def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int =
     grid = int(vq.encode(torch.zeros(1, 3, image_size, image_size, device=device)).shape[-1])
     if os.path.isfile(state_path):
         pipe = ImageARPipeline.from_pretrained(out, dtype=torch.float32)
-        saved = torch.load(state_path, weights_only=True)
+        saved = torch.load(state_path, weights_only=True, map_location="cpu")  # a GPU run resumes anywhere
         if pipe.grid != grid:
             raise InvalidInputError(f"{out} was trained on a {pipe.grid} x {pipe.grid} grid; image_size="
                                     f"{image_size} gives {grid} x {grid}")

@@ -167,6 +167,8 @@ def export_head(head: str, fmt: str, out: str, target: str, verifier: str | None
         raise InvalidInputError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
     if not os.path.isfile(os.path.join(head, CONFIG_NAME)):
         raise InvalidInputError(f"no saved drafter at {head} (expected {CONFIG_NAME})")
+    if os.path.realpath(out) == os.path.realpath(head):  # the export's config/weights would replace the head's
+        raise InvalidInputError(f"--out {out} is the head's own folder: export into another folder")
     with open(os.path.join(head, CONFIG_NAME)) as f:
         kind = json.load(f).get("drafter_kind")
     if kind != "eagle":

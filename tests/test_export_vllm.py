@@ -252,6 +252,8 @@ def test_export_refuses_what_vllm_cannot_load(world, exported, tmp_path):
     root = exported[0]
     with pytest.raises(InvalidInputError, match="format"):
         export_head(str(root / "head"), "onnx", str(tmp_path / "x"), str(root / "target"))
+    with pytest.raises(InvalidInputError, match="own folder"):  # would overwrite the trained head
+        export_head(str(root / "head"), "vllm-eagle3", str(root / "head"), str(root / "target"))
     mm = EagleDrafter.from_target(target, seed=0, layer_ids=LAYERS)  # mmspec's own layout
     mm.save_pretrained(tmp_path / "mm")
     with pytest.raises(InvalidInputError, match="layout"):
