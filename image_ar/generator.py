@@ -43,7 +43,7 @@ import torch
 from mmspec.errors import InvalidInputError
 from mmspec.pipelines import MMSpecPipeline
 
-from .vq import VQVAE, to_image
+from .vq import VQVAE, pixels_to_tensor, to_image
 
 __all__ = ["ImageARPipeline", "build_generator", "train_generator", "generate_codes", "speculative_codes",
            "SPECIAL_TOKENS",
@@ -578,20 +578,19 @@ def train_generator(out: str, vq_path: str, steps: int = 3000, batch_size: int =
     model.train()
     bar = tqdm(total=steps, initial=start, disable=not progress, desc=f"image generator {grid}x{grid}")
     t0, logged = time.perf_counter(), start
-    for step, (prompts, pixels) in zip(range(start, steps), batches):
+    for step, (prompts, pixels) in enumerate(batches, start):  # the sampler yields steps start..steps-1
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         with torch.no_grad():
-            x = pixels.to(device).permute(0, 3, 1, 2).float() / 127.5 - 1.0  # what to_tensor gives
-            codes = vq.encode(x).flatten(1).cpu() + offset
+            codes = vq.encode(pixels_to_tensor(pixels.to(device))).flatten(1) + offset  # stays on the device
         ids, mask = _request_ids(tok, prompts)
         drop = torch.rand(batch_size, generator=g) < p_uncond
         ids[drop] = _unconditional(ids[drop], tok)
-        seq, full_mask, pos = _with_codes(ids, mask, torch.cat([codes, torch.full((batch_size, 1), eoi)], dim=1))
+        seq, full_mask, pos = _with_codes(ids.to(device), mask.to(device),
+                                          torch.cat([codes, torch.full((batch_size, 1), eoi, device=device)], dim=1))
         labels = seq.clone()
         labels[:, : ids.shape[1]] = -100
         with autocast:
-            loss = model(input_ids=seq.to(device), attention_mask=full_mask.to(device),
-                         position_ids=pos.to(device), labels=labels.to(device)).loss
+            loss = model(input_ids=seq, attention_mask=full_mask, position_ids=pos, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -578,7 +578,8 @@ def _check_run_options(run: dict) -> None:
 def bundled_spatial_head(target_model) -> str | None:
     """The head shipped under ``image_ar/assets/spatial-head*`` for ``target_model``: its fingerprint matches, and
     so does its grid where the target names one (``generation_config.image_grid``; the 16 x 16 and 32 x 32
-    generators share a shape and a tokenizer, not a grid).
+    generators share a shape and a tokenizer, not a grid). ``None`` when none matches, or when the target names no
+    grid and heads of several grids match.
 
     Example:
         >>> bundled_spatial_head(None) is None
@@ -592,6 +593,7 @@ def bundled_spatial_head(target_model) -> str | None:
         return None
     grid = getattr(getattr(target_model, "generation_config", None), "image_grid", None)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+    found = []
     for path in sorted(glob.glob(os.path.join(root, "spatial-head*"))):
         if not os.path.isfile(os.path.join(path, "config.json")):
             continue
@@ -602,8 +604,10 @@ def bundled_spatial_head(target_model) -> str | None:
             continue
         actual = _fingerprint(target_model, None, fp.get("layer_ids", ()))
         if all(actual.get(k, v) == v for k, v in fp.items()):
-            return path
-    return None
+            found.append(path)
+    # A target that names no grid and fits heads of several grids gets none: a head of the wrong grid drafts from
+    # the wrong neighbours (lossless still, but slow), and no order of the folders says which grid is meant.
+    return found[0] if len(found) == 1 or (grid and found) else None
 
 
 def _fingerprint(target, tokenizer, layer_ids) -> dict:

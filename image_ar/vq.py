@@ -30,8 +30,17 @@ __all__ = ["VQVAE", "train_vq", "to_tensor", "to_image", "psnr"]
 
 def to_tensor(images) -> torch.Tensor:
     """PIL images -> ``[B, 3, H, W]`` in ``[-1, 1]``."""
-    arr = np.stack([np.asarray(im.convert("RGB"), dtype=np.float32) for im in images])
-    return torch.from_numpy(arr).permute(0, 3, 1, 2) / 127.5 - 1.0
+    return pixels_to_tensor(torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in images])))
+
+
+def pixels_to_tensor(pixels: torch.Tensor) -> torch.Tensor:
+    """``[B, H, W, 3]`` RGB bytes (uint8, on any device) -> ``[B, 3, H, W]`` float32 in ``[-1, 1]``.
+
+    Example:
+        >>> pixels_to_tensor(torch.full((1, 2, 2, 3), 255, dtype=torch.uint8)).flatten().tolist() == [1.0] * 12
+        True
+    """
+    return pixels.permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
 def to_image(x: torch.Tensor):

@@ -50,7 +50,11 @@ SPECULATORS_VERSION = "0.9.0"
 
 
 def _check_exportable(drafter, target_config) -> None:
-    """Refuse what vLLM's EAGLE-3 loader cannot load, or would load as something else."""
+    """Refuse what vLLM's EAGLE-3 loader cannot load, or would load as something else.
+
+    Example:
+        >>> # _check_exportable(EagleDrafter.from_pretrained(head, target=lm), lm.config)  # raises InvalidInputError
+    """
     if drafter.kind != "eagle":
         raise InvalidInputError(f"a {drafter.kind!r} head cannot be exported as vllm-eagle3: vLLM's EAGLE-3 loader "
                                 "takes mmspec's EAGLE head only (mmspec train --kind eagle)")
@@ -71,7 +75,12 @@ def _check_exportable(drafter, target_config) -> None:
 
 def vllm_eagle3_tensors(drafter) -> dict:
     """The head's tensors under the names vLLM's EAGLE-3 loader reads (see the module docstring), float32 on the
-    CPU; ``d2t`` / ``t2d`` as int64 / bool. The drafter must hold the target's LM head (loaded against it)."""
+    CPU; ``d2t`` / ``t2d`` as int64 / bool. The drafter must hold the target's LM head (loaded against it).
+
+    Example:
+        >>> # t = vllm_eagle3_tensors(EagleDrafter.from_pretrained(head, target=lm))
+        >>> # t["fc.weight"].shape == (576, 3 * 576); t["d2t"][i] + i == the target id of draft token i
+    """
     sd = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
     out = {"fc.weight": sd["fuse.weight"], "input_norm.weight": sd["fuse_norm.weight"], "norm.weight": sd["norm.weight"]}
     layer = {"input_layernorm": "input_layernorm", "hidden_norm": "hidden_norm",
@@ -93,7 +102,12 @@ def vllm_eagle3_tensors(drafter) -> dict:
 def vllm_eagle3_config(drafter, target_config, verifier: str, num_speculative_tokens: int | None = None,
                        architectures=None) -> dict:
     """The speculators ``config.json`` of the exported head (keys: the module docstring; values from the head
-    and the target's text config)."""
+    and the target's text config).
+
+    Example:
+        >>> # cfg = vllm_eagle3_config(head, lm.config, "HuggingFaceTB/SmolLM2-135M-Instruct", 3)
+        >>> # cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    """
     H, heads = drafter.hidden_size, drafter.num_heads
     k = int(num_speculative_tokens or drafter.num_draft_tokens)
     layer = {
@@ -130,7 +144,11 @@ def vllm_eagle3_config(drafter, target_config, verifier: str, num_speculative_to
 
 def load_target_for_export(path: str):
     """``(model, tokenizer or None)`` of a text target folder, float32 on the CPU (what the export reads the LM
-    head rows and the fingerprint from)."""
+    head rows and the fingerprint from).
+
+    Example:
+        >>> # model, tok = load_target_for_export(smollm2_path())
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .checks import check_local_folder
@@ -157,6 +175,9 @@ def export_head(head: str, fmt: str, out: str, target: str, verifier: str | None
     Raises:
         InvalidInputError: an unknown format, a head kind or layout vLLM cannot load, layer ids vLLM cannot feed.
         DrafterMismatchError: the head was trained for another target.
+
+    Example:
+        >>> # export_head("runs/head", "vllm-eagle3", "runs/head-vllm", target=smollm2_path())
     """
     from safetensors.torch import save_file
 
@@ -165,6 +186,10 @@ def export_head(head: str, fmt: str, out: str, target: str, verifier: str | None
 
     if fmt not in FORMATS:
         raise InvalidInputError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    if num_speculative_tokens is not None and (isinstance(num_speculative_tokens, bool)
+                                               or not isinstance(num_speculative_tokens, int)
+                                               or num_speculative_tokens < 1):
+        raise InvalidInputError(f"num_speculative_tokens must be a positive integer (got {num_speculative_tokens!r})")
     if not os.path.isfile(os.path.join(head, CONFIG_NAME)):
         raise InvalidInputError(f"no saved drafter at {head} (expected {CONFIG_NAME})")
     if os.path.realpath(out) == os.path.realpath(head):  # the export's config/weights would replace the head's

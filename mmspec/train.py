@@ -288,7 +288,13 @@ class Trainer:
 
     def options(self, cfg: TrainConfig) -> dict:
         """The kind's options of ``cfg`` over :attr:`OPTIONS` (validated by :meth:`check_options`); raises
-        InvalidInputError on an unknown key."""
+        InvalidInputError on an unknown key.
+
+        Example:
+            >>> cfg = TrainConfig(kind="eagle", target="t", out="o", options={"layout": "eagle3"})
+            >>> get_trainer("eagle").options(cfg)["layout"], get_trainer("eagle").options(cfg)["draft_vocab_size"]
+            ('eagle3', None)
+        """
         given = dict(getattr(cfg, "options", None) or {})
         bad = sorted(set(given) - set(self.OPTIONS))
         if bad:
@@ -318,6 +324,11 @@ class Trainer:
         """One training record for one request (``inputs``); ``reference``: the item's reference answer as token
         ids, which the rollout may use as a lossless shortcut (see :func:`~mmspec.drafters.eagle.target_record`)."""
         raise NotImplementedError  # abstract
+
+    def records(self, cfg: TrainConfig, model, requests: list, layer_ids) -> list[dict]:
+        """The records of several requests (``(inputs, reference)`` pairs), in order: :meth:`record` for each by
+        default; a kind whose rollouts batch overrides this (the data stage hands it a shard's requests at once)."""
+        return [self.record(cfg, model, inputs, layer_ids, reference=ref) for inputs, ref in requests]
 
     def collate(self, records: list[dict]) -> dict:
         raise NotImplementedError  # abstract
@@ -394,7 +405,7 @@ class EagleTrainer(Trainer):
         fresh.load_state_dict(drafter.held_target_tensors(), strict=False)
         if want["draft_vocab_size"] is not None:
             stream = ShardStream(cfg.data_dir, holdout=cfg.val_shards)
-            records = [r for p in stream.paths for r in read_shard(p)]
+            records = [r for p in stream.paths for r in read_shard(p, keys=("labels", "prompt_len"))]
             fresh.set_draft_vocab(draft_vocab_from_records(records, want["draft_vocab_size"], drafter.vocab_size))
         return fresh.eval()
 
@@ -414,6 +425,24 @@ class EagleTrainer(Trainer):
         from .drafters.eagle import target_record
 
         return target_record(model, inputs, layer_ids, cfg.max_new_tokens, reference=reference)
+
+    def records(self, cfg, model, requests, layer_ids):
+        from .drafters.eagle import plain_text_request, text_target_records
+
+        # Text-only requests without a reference generate as one batch (see text_target_records); the rest (images,
+        # a reference to follow, a subclass's own record) one at a time.
+        if type(self).record is not EagleTrainer.record:
+            return super().records(cfg, model, requests, layer_ids)
+        out = [None] * len(requests)
+        text = [i for i, (inputs, ref) in enumerate(requests) if ref is None and plain_text_request(inputs)]
+        recs = text_target_records(model, [requests[i][0]["input_ids"][0] for i in text], layer_ids,
+                                   cfg.max_new_tokens)
+        for i, r in zip(text, recs):
+            out[i] = r
+        for i, (inputs, ref) in enumerate(requests):
+            if out[i] is None:
+                out[i] = self.record(cfg, model, inputs, layer_ids, reference=ref)
+        return out
 
     def collate(self, records):
         from .drafters.eagle import collate_eagle
@@ -454,13 +483,18 @@ def write_shard(path: str, records: list[dict], metadata: dict | None = None) ->
     os.replace(tmp, path)
 
 
-def read_shard(path: str) -> list[dict]:
-    """The records of one shard (the inverse of :func:`write_shard`)."""
+def read_shard(path: str, keys=None) -> list[dict]:
+    """The records of one shard (the inverse of :func:`write_shard`); ``keys``: read only these fields (a
+    pass over every shard that needs the labels need not load the features).
+
+    Example:
+        >>> # [r["labels"] for r in read_shard("data/shard-00000.safetensors", keys=("labels",))]
+    """
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
-        t = {k: f.get_tensor(k) for k in f.keys()}
+        t = {k: f.get_tensor(k) for k in f.keys() if keys is None or k == "offsets" or k in keys}
     scalar = set(json.loads(meta.get("scalar_keys", "[]")))
     off = t.pop("offsets").tolist()
     out = []
@@ -609,6 +643,10 @@ def _atomic_json(path: str, obj) -> None:
 
 
 # ---------------------------------------------------------------------------- stage 1
+COLLECT_BATCH = 32
+"""Requests the data stage hands a trainer at once (a kind that batches its rollouts generates them together)."""
+
+
 def collect_data(cfg: TrainConfig, accelerator=None) -> str:
     """Stage 1: write the shards of ``cfg.out/data`` (skipping those already there) and the index.
 
@@ -660,11 +698,15 @@ def collect_data(cfg: TrainConfig, accelerator=None) -> str:
                disable=not (cfg.progress and acc.is_main_process))
     for i in todo:
         records = []
-        for w, idx in items[i * cfg.shard_size: (i + 1) * cfg.shard_size]:
-            ex = workloads[w].example(cfg.split, idx)
-            inputs = pipe.prepare(images=ex.images or None, prompt=ex.prompt)
-            records.append(trainer.record(cfg, model, dict(inputs), layer_ids, reference=_reference_ids(pipe, ex)))
-            bar.update(1)
+        chunk = items[i * cfg.shard_size: (i + 1) * cfg.shard_size]
+        for at in range(0, len(chunk), COLLECT_BATCH):
+            requests = []
+            for w, idx in chunk[at: at + COLLECT_BATCH]:
+                ex = workloads[w].example(cfg.split, idx)
+                requests.append((dict(pipe.prepare(images=ex.images or None, prompt=ex.prompt)),
+                                 _reference_ids(pipe, ex)))
+            records += trainer.records(cfg, model, requests, layer_ids)
+            bar.update(len(requests))
         write_shard(os.path.join(data_dir, _shard_name(i)), records,
                     {"settings": settings, "items": [f"{w}/{cfg.split}/{j}" for w, j in
                                                              items[i * cfg.shard_size: (i + 1) * cfg.shard_size]]})

@@ -423,3 +423,28 @@ def test_target_record_with_a_reference_is_the_targets_own_rollout(perm):
     fast = target_record(target, prompt, rand.layer_ids, max_new_tokens=20, reference=reference)
     assert torch.equal(fast["tokens"], plain["tokens"]) and torch.equal(fast["labels"], plain["labels"])
     torch.testing.assert_close(fast["features"], plain["features"])
+
+
+def test_text_records_batch_as_the_target_generates_each_prompt_alone():
+    """The batched text rollout (left-padded generate, right-padded forward) gives every prompt the record of its
+    own batch-1 ``generate`` and forward: same tokens (cut at its end-of-turn token), labels and features, with
+    prompts of three lengths and one response stopped early by the end-of-turn token."""
+    from mmspec.drafters.eagle import text_target_records
+
+    model = _tiny_text.model(200, layers=3, seed=4)
+    prompts = [torch.tensor(p) for p in ([5, 9, 14], [30, 31, 32, 33, 34, 35, 36], [7, 70, 17, 71, 8])]
+
+    def alone(p):
+        full = model.generate(input_ids=p[None], attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=12, do_sample=False)[0]
+        out = model(input_ids=full[None], output_hidden_states=True)
+        return full, out.logits[0].argmax(-1), torch.cat([out.hidden_states[i][0] for i in (1, 2, 3)], -1)
+
+    model.generation_config.eos_token_id = int(alone(prompts[1])[0][len(prompts[1]) + 4])  # row 1 stops by 5
+    want = [alone(p) for p in prompts]
+    assert len(want[1][0]) <= len(prompts[1]) + 5 and len({len(w[0]) - len(p) for w, p in zip(want, prompts)}) > 1
+    recs = text_target_records(model, prompts, (1, 2, 3), max_new_tokens=12)
+    for p, (full, labels, feats), r in zip(prompts, want, recs):
+        assert int(r["prompt_len"]) == len(p)
+        assert torch.equal(r["tokens"], full) and torch.equal(r["labels"], labels)
+        torch.testing.assert_close(r["features"], feats, atol=1e-5, rtol=1e-4)

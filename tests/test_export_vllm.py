@@ -252,6 +252,10 @@ def test_export_refuses_what_vllm_cannot_load(world, exported, tmp_path):
     root = exported[0]
     with pytest.raises(InvalidInputError, match="format"):
         export_head(str(root / "head"), "onnx", str(tmp_path / "x"), str(root / "target"))
+    for k in (0, -2, 1.5):
+        with pytest.raises(InvalidInputError, match="num_speculative_tokens"):
+            export_head(str(root / "head"), "vllm-eagle3", str(tmp_path / "x"), str(root / "target"),
+                        num_speculative_tokens=k)
     with pytest.raises(InvalidInputError, match="own folder"):  # would overwrite the trained head
         export_head(str(root / "head"), "vllm-eagle3", str(root / "head"), str(root / "target"))
     mm = EagleDrafter.from_target(target, seed=0, layer_ids=LAYERS)  # mmspec's own layout

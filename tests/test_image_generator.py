@@ -146,3 +146,5 @@ def test_bundled_spatial_head_follows_the_generators_grid():
         pipe = ImageARPipeline.from_pretrained(str(assets / gen))
         found[pipe.grid] = bundled_spatial_head(pipe.model)
     assert Path(found[16]).name == "spatial-head" and Path(found[32]).name == "spatial-head-32"
+    del pipe.model.generation_config.image_grid  # no grid named, heads of two grids fit: no guess
+    assert bundled_spatial_head(pipe.model) is None

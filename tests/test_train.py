@@ -124,6 +124,9 @@ def test_shards_written_readable_and_from_the_target(data_dir, pipe):
     assert index["fingerprint"]["model_type"] == "qwen2_vl"
     recs = [r for s in index["shards"] for r in read_shard(str(data_dir / s["file"]))]
     assert len(recs) == 4
+    some = [r for s in index["shards"] for r in read_shard(str(data_dir / s["file"]), keys=("labels",))]
+    assert [set(r) for r in some] == [{"labels"}] * 4 and all(torch.equal(a["labels"], b["labels"])
+                                                              for a, b in zip(some, recs))
     for r in recs:
         n, P = len(r["tokens"]), int(r["prompt_len"])
         assert r["features"].shape == (n, 3 * 64) and r["labels"].shape == (n,) and P < n <= P + 8

@@ -52,11 +52,17 @@ SPEC="{\"method\": \"eagle3\", \"model\": \"$WORK/head-vllm\", \"num_speculative
     --dtype float32 --enforce-eager --max-model-len 2048 --speculative-config "$SPEC" > "$WORK/vllm-serve.log" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true' EXIT
+HEALTHY=0
 for _ in $(seq 1 120); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break
+    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && { HEALTHY=1; break; }
     kill -0 "$SERVER" 2>/dev/null || { tail -40 "$WORK/vllm-serve.log"; exit 1; }
     sleep 5
 done
+if [ "$HEALTHY" != 1 ]; then  # 10 minutes without a healthy server: say so with its log, not a confusing request error
+    echo "vllm-check: the server never answered /health on port $PORT; its log ends:"
+    tail -40 "$WORK/vllm-serve.log"
+    exit 1
+fi
 "$VENV/bin/python" scripts/vllm_check/run_vllm.py --work "$WORK" --mode serve --port "$PORT"
 kill "$SERVER" 2>/dev/null || true
 wait "$SERVER" 2>/dev/null || true

@@ -33,7 +33,7 @@ from PIL import Image
 
 from mmspec.errors import InvalidImageError, InvalidInputError
 
-from .segment import ink_mask, segment
+from .segment import ink_mask, page_gray, segment
 
 __all__ = ["TILE", "STRIP", "page_layout", "PageLayout", "PageReaderProcessor", "READER_CHAT_TEMPLATE",
            "MAX_PAGE_PIXELS", "MIN_PAGE_SIDE"]
@@ -87,13 +87,6 @@ class PageLayout:
         return out
 
 
-def _gray(image) -> np.ndarray:
-    arr = np.asarray(image)
-    if arr.ndim == 3:
-        arr = arr[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
-    return arr.astype(np.float32)
-
-
 def page_layout(image) -> PageLayout:
     """Find a page's token boxes (:func:`~.segment.segment`) and cut one tile per box (see the module).
 
@@ -101,7 +94,7 @@ def page_layout(image) -> PageLayout:
         >>> page_layout(Image.new("RGB", (40, 40), "white")).tiles.shape
         (0, 64, 64)
     """
-    gray = _gray(image)
+    gray = page_gray(image)
     lines = segment(gray.astype(np.uint8) if gray.dtype != np.uint8 else gray)
     _, paper = ink_mask(gray)
     dark = float(np.percentile(gray, 0.3)) if gray.size else 0.0

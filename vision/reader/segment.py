@@ -216,6 +216,20 @@ def _lines(ink: np.ndarray, y0: int, y1: int, x0: int, x1: int) -> list[tuple[in
     return merged
 
 
+def page_gray(image) -> np.ndarray:
+    """A page (a PIL image or an ``H x W (x 3)`` uint8 array) as float32 grey by the luma weights.
+
+    Example:
+        >>> from PIL import Image
+        >>> float(page_gray(Image.new("RGB", (2, 2), "white")).max())
+        255.0
+    """
+    arr = np.asarray(image)
+    if arr.ndim == 3:
+        return arr[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return arr.astype(np.float32)
+
+
 def page_ink(image) -> np.ndarray:
     """The boolean ink mask of a page (a PIL image or an ``H x W (x 3)`` uint8 array): grey by the luma weights,
     then :func:`ink_mask`; rules are not erased here (:func:`segment` erases them).
@@ -225,9 +239,7 @@ def page_ink(image) -> np.ndarray:
         >>> int(page_ink(Image.new("RGB", (8, 8), "white")).sum())
         0
     """
-    arr = np.asarray(image)
-    gray = arr if arr.ndim == 2 else (arr[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32))
-    return ink_mask(gray)[0]
+    return ink_mask(page_gray(image))[0]
 
 
 def segment(image) -> list[SegLine]:
