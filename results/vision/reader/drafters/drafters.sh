@@ -36,3 +36,6 @@ H="hierarchical;block_tokens=160"
 $MMSPEC bench --model vision/assets/reader --workload docs --n 16 --batch-sizes 1 --threads 2 \
     --systems "$H,$H;drafter=page-lookup,$H;lines_per_row=4;drafter=page-lookup,$H;row_tokens=24,$H;row_tokens=18,$H;row_tokens=18;drafter=page-lookup,$H;row_tokens=24;drafter=page-lookup" \
     --json $R/bench-hierarchical-plans-n16.json
+# 5. rows of four pages in one batch (README "rows of several pages"), 2026-12-04 22:04, same machine and settings
+$MMSPEC bench --model vision/assets/reader --workload docs --n 16 --batch-sizes 1,4 --threads 2 \
+    --systems "$H;row_tokens=24,$H;row_tokens=24;drafter=page-lookup" --json $R/bench-hierarchical-bs1-4-n16.json
