@@ -605,9 +605,9 @@ def bundled_spatial_head(target_model) -> str | None:
         actual = _fingerprint(target_model, None, fp.get("layer_ids", ()))
         if all(actual.get(k, v) == v for k, v in fp.items()):
             found.append(path)
-    # A target that names no grid and fits heads of several grids gets none: a head of the wrong grid drafts from
-    # the wrong neighbours (lossless still, but slow), and no order of the folders says which grid is meant.
-    return found[0] if len(found) == 1 or (grid and found) else None
+    # Several heads fit (a target that names no grid, or a head that names none): none is chosen. A head of the
+    # wrong grid drafts from the wrong neighbours (lossless still, but slow), and no folder order says which is meant.
+    return found[0] if len(found) == 1 else None
 
 
 def _fingerprint(target, tokenizer, layer_ids) -> dict:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["VQVAE", "train_vq", "to_tensor", "to_image", "psnr"]
+__all__ = ["VQVAE", "train_vq", "to_tensor", "pixels_to_tensor", "to_image", "psnr"]
 
 
 def to_tensor(images) -> torch.Tensor:

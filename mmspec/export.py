@@ -73,6 +73,12 @@ def _check_exportable(drafter, target_config) -> None:
                                 "to a head")
 
 
+def _check_speculative_tokens(k) -> None:
+    """``num_speculative_tokens`` is ``None`` (the head's own draft depth) or a positive integer."""
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise InvalidInputError(f"num_speculative_tokens must be a positive integer (got {k!r})")
+
+
 def vllm_eagle3_tensors(drafter) -> dict:
     """The head's tensors under the names vLLM's EAGLE-3 loader reads (see the module docstring), float32 on the
     CPU; ``d2t`` / ``t2d`` as int64 / bool. The drafter must hold the target's LM head (loaded against it).
@@ -108,8 +114,9 @@ def vllm_eagle3_config(drafter, target_config, verifier: str, num_speculative_to
         >>> # cfg = vllm_eagle3_config(head, lm.config, "HuggingFaceTB/SmolLM2-135M-Instruct", 3)
         >>> # cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     """
+    _check_speculative_tokens(num_speculative_tokens)
     H, heads = drafter.hidden_size, drafter.num_heads
-    k = int(num_speculative_tokens or drafter.num_draft_tokens)
+    k = int(drafter.num_draft_tokens if num_speculative_tokens is None else num_speculative_tokens)
     layer = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
         "vocab_size": drafter.vocab_size, "hidden_size": H, "intermediate_size": drafter.intermediate_size,
@@ -186,10 +193,7 @@ def export_head(head: str, fmt: str, out: str, target: str, verifier: str | None
 
     if fmt not in FORMATS:
         raise InvalidInputError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
-    if num_speculative_tokens is not None and (isinstance(num_speculative_tokens, bool)
-                                               or not isinstance(num_speculative_tokens, int)
-                                               or num_speculative_tokens < 1):
-        raise InvalidInputError(f"num_speculative_tokens must be a positive integer (got {num_speculative_tokens!r})")
+    _check_speculative_tokens(num_speculative_tokens)
     if not os.path.isfile(os.path.join(head, CONFIG_NAME)):
         raise InvalidInputError(f"no saved drafter at {head} (expected {CONFIG_NAME})")
     if os.path.realpath(out) == os.path.realpath(head):  # the export's config/weights would replace the head's

