@@ -426,9 +426,9 @@ def test_target_record_with_a_reference_is_the_targets_own_rollout(perm):
 
 
 def test_text_records_batch_as_the_target_generates_each_prompt_alone():
-    """The batched text rollout (left-padded generate, right-padded forward) gives every prompt the record of its
-    own batch-1 ``generate`` and forward: same tokens (cut at its end-of-turn token), labels and features, with
-    prompts of three lengths and one response stopped early by the end-of-turn token."""
+    """The batched text rollout (one left-padded generate, then each prompt's own forward) gives every prompt the
+    record of its own batch-1 ``generate`` and forward: same tokens (cut at its end-of-turn token), labels and
+    features, with prompts of three lengths and one response stopped early by the end-of-turn token."""
     from mmspec.drafters.eagle import text_target_records
 
     model = _tiny_text.model(200, layers=3, seed=4)

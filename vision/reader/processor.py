@@ -95,7 +95,7 @@ def page_layout(image) -> PageLayout:
         (0, 64, 64)
     """
     gray = page_gray(image)
-    lines = segment(gray.astype(np.uint8) if gray.dtype != np.uint8 else gray)
+    lines = segment(gray.astype(np.uint8))  # page_gray is float32; segment reads the bytes
     _, paper = ink_mask(gray)
     dark = float(np.percentile(gray, 0.3)) if gray.size else 0.0
     span = max(paper - dark, 1.0)

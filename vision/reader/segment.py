@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["segment", "page_ink", "ink_mask", "line_height_estimate", "SegLine", "SegBox", "RULE_PX", "VRULE_PX", "GUTTER_EM", "COLUMN_MIN_EM", "BLOCK_GAP_EM",
+__all__ = ["segment", "page_ink", "page_gray", "ink_mask", "line_height_estimate", "SegLine", "SegBox", "RULE_PX", "VRULE_PX", "GUTTER_EM", "COLUMN_MIN_EM", "BLOCK_GAP_EM",
            "TOKEN_SPLIT_EM"]
 
 RULE_PX = 40
