@@ -146,18 +146,19 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
 # ---------------------------------------------------------------------------- mmspec drive-sim
 FEWSTEP = "<--expert>"  # stands for the distilled expert: drive-sim's expert= folder, else the one the VLA ships
 SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False,
-                                        "spec": False, "lean_expert": False},
+                                        "spec": False, "lean_expert": False, "lean_lm": False},
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
                "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2, "spec": False,
-                                   "lean_expert": False},
+                                   "lean_expert": False, "lean_lm": False},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
                "flashdrive": True, "flashdrive-stepcache": {"expert": None, "frame_mask": False},
                "flashdrive-refresh2": {"refresh_every": 2}, "flashdrive-framemask": {"frame_mask": True},
                "flashdrive-fullmask": {"frame_mask": False},
                "flashdrive-noreuse": {"reuse_reasoning": False}, "lean_expert": "lean_expert",
-               "flashdrive-nolean": {"lean_expert": False},
+               "flashdrive-nolean": {"lean_expert": False}, "lean_lm": "lean_lm",
+               "flashdrive-noleanlm": {"lean_lm": False},
                "fewstep": {"vision_cache": False, "stream": False, "step_cache": None, "system": True, "spec": False,
-                           "expert": FEWSTEP, "lean_expert": False},
+                           "expert": FEWSTEP, "lean_expert": False, "lean_lm": False},
                "flashdrive-fewstep": {"step_cache": None, "expert": FEWSTEP}}
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
 mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
@@ -168,7 +169,9 @@ the step cache, the full mask; ``flashdrive-framemask`` /
 ``flashdrive-fullmask`` with frames prefilled under the streaming mask / the full causal mask (``flashdrive``: the
 streaming mask when the VLA was fine-tuned with it); ``flashdrive-noreuse`` without
 drafting the last tick's reasoning first; ``lean_expert`` the action expert's head calls without the transformers call
-stack (exact; alone, over the VLA's own 10-step expert), ``flashdrive-nolean`` FlashDrive without it;
+stack (exact; alone, over the VLA's own 10-step expert), ``flashdrive-nolean`` FlashDrive without it; ``lean_lm``
+the language model's passes without it (exact; alone, in the engine's own loop), ``flashdrive-noleanlm`` FlashDrive
+without that;
 ``flashdrive-fewstep`` with the few-step expert in place of the step
 cache). The few-step systems take ``--expert DIR`` (a :mod:`mmspec.drivers.distill` student of the VLA's expert)
 or, without it, the student the VLA folder ships (``fewstep/``)."""

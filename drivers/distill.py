@@ -83,6 +83,8 @@ class DistillConfig:
     ``stream_mask``: the share of steps whose backbone context is computed under the streaming mask (FlashDrive's
     kept frames see only themselves), so the student also learns the contexts a streaming tick gives it.
     ``stop_after`` ends this run early while the schedule still spans ``steps`` (resume to go on).
+    ``init``: a student folder (``distill.json`` beside an expert, e.g. the shipped 2-step ``fewstep/``) whose weights
+    the new student starts from instead of the teacher's: a 1-step student warm-started from the 2-step one.
 
     Example:
         >>> DistillConfig(vla="drivers/assets/driving-vla", out="/tmp/fewstep").student_steps
@@ -102,6 +104,7 @@ class DistillConfig:
     threads: int = 0
     save_every: int = 50
     stop_after: int = 0
+    init: str = ""
 
 
 def _save_student(student, cfg: DistillConfig, teacher_hash: str, steps_done: int) -> None:
@@ -162,6 +165,9 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
     teacher = vla.expert
     os.makedirs(cfg.out, exist_ok=True)
     student = copy.deepcopy(teacher)
+    if cfg.init and not resume:
+        # the warm start must serve this backbone: a student of another VLA reads another cache
+        student.load_state_dict(load_student(cfg.init, vla, cfg.vla).state_dict())
     student.num_steps = cfg.student_steps
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0)
     start_step = 0

@@ -42,6 +42,10 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
   tick instead of per call, and without the transformers call stack per call (``results/drivers/drive-sim``: the
   profile and the measured ratio). Bit for bit the decoder's output; where it cannot run a decoder (not sdpa,
   sliding windows, another activation) the expert's own path runs and :meth:`FlashDriveEngine.describe` says so.
+* **lean language model** (``lean_lm``, exact): the language model's passes of a tick (the prefill, streamed or
+  full, the reasoning decode's steps and the speculative verify passes) run through :class:`mmspec.lean.LeanForward`:
+  the layers' own weights through the same ops without the transformers call stack (bit for bit the model's
+  numbers, tested), which on this 4-layer model is as much time as the arithmetic.
 
 Streaming state lives between ticks of one clip. ``tick`` makes breaks detectable: the next tick of a stream
 must be the last one plus one, from the same cameras, with a window whose first frames are the last window's
@@ -69,6 +73,7 @@ import torch
 
 from mmspec.drafters.base import DraftContext, Drafter
 from mmspec.errors import InvalidInputError, MMSpecError
+from mmspec.lean import LeanForward, why_not as lean_why_not
 from mmspec.tree import DraftTree
 
 from .stages import StageClock
@@ -77,7 +82,7 @@ from .vla import LeanExpert, StepCache, attention_mask_for
 __all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
            "bundled_drafter", "ReasoningReuseDrafter"]
 
-MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec", "lean_expert")
+MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec", "lean_expert", "lean_lm")
 """The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``)."""
 
 DRAFTER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-drafter")
@@ -122,6 +127,8 @@ class FlashDriveConfig:
             (:class:`ReasoningReuseDrafter`; the drafter takes over from the first mismatch). Exact like ``spec``.
         lean_expert: the action expert's head calls through :class:`~mmspec.drivers.vla.LeanExpert` (exact: the same
             numbers without the transformers call stack; the context's K/V, mask and rotation set up once per tick).
+        lean_lm: the language model's prefill, decode and verify passes through :class:`mmspec.lean.LeanForward`
+            (exact: the same numbers without the transformers call stack).
         expert: the action expert that integrates the flow. ``"auto"`` (default): where the step cache is on, the
             few-step student the VLA folder ships (``fewstep/``, :func:`mmspec.drivers.bundled.bundled_student`)
             replaces it when there is one distilled on this backbone; otherwise the VLA's own expert (which one ran
@@ -151,6 +158,7 @@ class FlashDriveConfig:
     reuse_reasoning: bool = True
     expert: object = "auto"
     lean_expert: bool = True
+    lean_lm: bool = True
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
@@ -206,7 +214,7 @@ class FlashDriveConfig:
             if names == ["flashdrive"] or names == ["all"]:
                 return cls()
             kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False, expert=None,
-                      frame_mask=False, lean_expert=False)
+                      frame_mask=False, lean_expert=False, lean_lm=False)
             for n in names:
                 if n == "stream-shift":
                     kw.update(stream=True, rerotate=False)
@@ -230,7 +238,7 @@ class FlashDriveConfig:
         """The mechanisms switched on, in :data:`MECHANISMS` order."""
         on = {"vision_cache": self.vision_cache, "stream": self.stream, "step_cache": self.step_cache is not None,
               "fewstep": self.expert not in (None, "auto"), "system": self.system, "spec": bool(self.spec),
-              "lean_expert": self.lean_expert}
+              "lean_expert": self.lean_expert, "lean_lm": self.lean_lm}
         return [m for m in MECHANISMS if on[m]]
 
     @property
@@ -456,6 +464,8 @@ class FlashDriveEngine:
         self.drafter, self.spec_note = self._load_drafter(config)
         self.hidden_layers = tuple(self.drafter.hidden_layers) if self.drafter is not None else ()
         self._adapter = None
+        self.lean_lm_off = lean_why_not(self.backbone) if config.lean_lm else ""
+        self._lean = LeanForward(self.backbone) if config.lean_lm and not self.lean_lm_off else None
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -559,6 +569,10 @@ class FlashDriveEngine:
     def _forward(self, embeds, positions, cache, mask=None, hidden_layers=()):
         """The language model over ``embeds[1, n, H]`` at ``positions[3, n]``; last hidden state ``[1, n, H]`` and
         ``{layer: [n, H]}`` of ``hidden_layers`` (``hidden_states`` indices: what the drafter reads)."""
+        if self._lean is not None:
+            out = self._lean(inputs_embeds=embeds, position_ids=positions[:, None, :], attention_mask=mask,
+                             cache=cache, output_hidden_states=bool(hidden_layers), logits=False)
+            return out.last_hidden_state, {i: out.hidden_states[i][0] for i in hidden_layers}
         am = None if mask is None else {"full_attention": mask}
         out = self.lm(inputs_embeds=embeds, position_ids=positions[:, None, :], cache=cache, attention_mask=am,
                       use_cache=True, output_hidden_states=bool(hidden_layers))
@@ -792,7 +806,7 @@ class FlashDriveEngine:
 
         dev = self.backbone.device
         if self._adapter is None:
-            self._adapter = TargetAdapter(self.backbone, hidden_layers=self.hidden_layers)
+            self._adapter = TargetAdapter(self.backbone, hidden_layers=self.hidden_layers, lean=self._lean is not None)
         ids = tpl.ids
         plen = int(ids.shape[0])
         if order is not None:  # the drafter reads the prompt in its own order (its positions are the prompt's)
@@ -867,7 +881,8 @@ class FlashDriveEngine:
         on = dict.fromkeys(self.config.names(), True)
         lean_off = LeanExpert.why_not(self.expert) if c.lean_expert else ""
         on.update(spec=self.drafter is not None, fewstep=self.student_path is not None,
-                  step_cache=self.step_cache is not None, lean_expert=c.lean_expert and not lean_off)
+                  step_cache=self.step_cache is not None, lean_expert=c.lean_expert and not lean_off,
+                  lean_lm=self._lean is not None)
         parts = [m for m in MECHANISMS if on.get(m)]
         extra = []
         if c.stream:
@@ -884,4 +899,6 @@ class FlashDriveEngine:
             extra.append(f"spec: {self.spec_note}")
         if lean_off:
             extra.append(f"lean expert off: {lean_off}")
+        if self.lean_lm_off:
+            extra.append(f"lean language model off: {self.lean_lm_off}")
         return "+".join(parts) + (f" ({', '.join(extra)})" if extra else "")

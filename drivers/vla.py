@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmspec.errors import InvalidInputError
+from mmspec.lean import rms_norm, run_layers, why_not as lean_why_not
 
 from .bundled import EXPERT_CONFIG, EXPERT_NAME, STUDENT_INFO
 from .clips import FRAMES_PER_CAMERA
@@ -233,18 +234,6 @@ class TrajectoryExpert(nn.Module):
         return x * self.action_scale + self.action_mean
 
 
-def _rms_norm(h: torch.Tensor, norm) -> torch.Tensor:
-    """``Qwen2VLRMSNorm.forward`` inline (float32 statistics, the weight in the input's dtype: the same ops)."""
-    x = h.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x.to(h.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class LeanExpert:
     """The action expert's head calls of one tick over a fixed context, without the transformers call stack.
 
@@ -289,41 +278,22 @@ class LeanExpert:
     @staticmethod
     def why_not(expert: "TrajectoryExpert") -> str:
         """``""`` when :class:`LeanExpert` runs this expert's decoder, else why not (then its own path runs)."""
-        dec = expert.decoder
-        cfg = dec.config
-        if (cfg._attn_implementation or "sdpa") != "sdpa":
-            return f"attention {cfg._attn_implementation!r}, not sdpa"
-        if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
-            return "sliding-window layers"
-        if cfg.hidden_act != "silu":
-            return f"activation {cfg.hidden_act!r}, not silu"
-        return ""
+        return lean_why_not(expert.decoder)
 
     def velocity(self, x_t: torch.Tensor, t_emb: torch.Tensor) -> torch.Tensor:
         """:meth:`TrajectoryExpert.velocity` at ``x_t[B, N, 2]`` with the time embedding ``t_emb[B, hidden]``."""
         e, B, N = self.expert, self.B, self.N
         w = e.out_proj.weight.dtype
         h = e.in_proj(torch.cat([x_t.to(w), t_emb[:, None].expand(B, N, -1).to(w)], dim=-1))
-        cos, sin = self.cos, self.sin
-        for layer, (bk, bv, L) in zip(self.dec.layers, self.kv):
-            a, mlp = layer.self_attn, layer.mlp
-            D = a.head_dim
-            x = _rms_norm(h, layer.input_layernorm)
-            q = F.linear(x, a.q_proj.weight, a.q_proj.bias).view(B, N, -1, D).transpose(1, 2)
-            k = F.linear(x, a.k_proj.weight, a.k_proj.bias).view(B, N, -1, D).transpose(1, 2)
-            v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(B, N, -1, D).transpose(1, 2)
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
+
+        def kv(i, k, v):  # the action tokens' K/V into the buffer's tail, after the context written once
+            bk, bv, L = self.kv[i]
             bk[:, :, L:] = k
             bv[:, :, L:] = v
-            o = F.scaled_dot_product_attention(q, bk, bv, attn_mask=self.mask, dropout_p=0.0, scale=a.scaling,
-                                               is_causal=False, enable_gqa=a.num_key_value_groups > 1)
-            o = o.transpose(1, 2).contiguous().reshape(B, N, -1).contiguous()
-            h = h + F.linear(o, a.o_proj.weight, a.o_proj.bias)
-            x = _rms_norm(h, layer.post_attention_layernorm)
-            h = h + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
-                             mlp.down_proj.weight)
-        return e.out_proj(_rms_norm(h, self.dec.norm))
+            return bk, bv
+
+        h = run_layers(self.dec.layers, h, self.cos, self.sin, self.mask, kv)
+        return e.out_proj(rms_norm(h, self.dec.norm))
 
 
 class StepCache:

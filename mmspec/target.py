@@ -30,6 +30,7 @@ import torch
 from .errors import UnsupportedModelError
 from .kernels.compaction import gather_slots
 from .kernels.hf import TREE_ATTENTION, TREE_KWARG, TreeMetadata
+from .lean import LeanForward, why_not as lean_why_not
 from .positions import StreamPositions, prefill_position_ids
 from .tree import DraftTree
 
@@ -203,9 +204,12 @@ class TargetAdapter:
             layer) that drafters read; returned from the same pass that scores the tree.
         guidance: optional :class:`Guidance` (classifier-free guidance in a doubled batch); hidden states
             are then the conditional rows'.
+        lean: score through :class:`~mmspec.lean.LeanForward` (bit for bit the model's numbers, without the
+            transformers call stack: worth it where a pass is a few ms, as a small model's on a CPU) where
+            :func:`~mmspec.lean.why_not` allows; otherwise the model's own forward.
     """
 
-    def __init__(self, model, hidden_layers: tuple = (), guidance: Guidance | None = None):
+    def __init__(self, model, hidden_layers: tuple = (), guidance: Guidance | None = None, lean: bool = False):
         if not hasattr(model, "generate") or not hasattr(model, "_prepare_position_ids_for_generation"):
             raise UnsupportedModelError(
                 f"{type(model).__name__} is not a generating transformers model; mmspec drives decoder-only "
@@ -230,6 +234,11 @@ class TargetAdapter:
         # With mmspec.kernels' tree attention, verify passes hand the parent arrays to the attention calls
         # instead of a dense [Q, L + Q] mask (Triton on CUDA, its plain-torch reference elsewhere).
         self._tree_kernel = impl == TREE_ATTENTION
+        # lean: verify passes through mmspec.lean (the same numbers without transformers' call stack), where the
+        # model's layers are ones it runs; otherwise (and under guidance or the tree kernel) the model's forward
+        self._lean = None
+        if lean and guidance is None and not self._tree_kernel and not lean_why_not(model):
+            self._lean = LeanForward(model)
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -341,6 +350,10 @@ class TargetAdapter:
                 mask = torch.zeros(full.shape, dtype=dtype, device=dev).masked_fill_(~full, torch.finfo(dtype).min)
             mask = _twice(mask, c)
         positions = state.positions.for_offsets(offsets.to(dev))
+        if self._lean is not None:  # positions and mask are explicit: the per-token type ids have nothing to say
+            out = self._lean(input_ids, position_ids=positions, attention_mask=mask, cache=state.cache,
+                             output_hidden_states=bool(self.hidden_layers))
+            return ScoreOutput(self._logits(out.logits), self._pick_hidden(out)), packed
         out = self.model(
             input_ids=_twice(input_ids, c),
             attention_mask=mask,

@@ -644,15 +644,38 @@ def test_lean_expert_is_the_decoder_bit_for_bit(two_layer, world, dtype):
     assert "sdpa" in LeanExpert.why_not(eager.expert)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_language_model_changes_no_tick(two_layer, one_layer, world, dtype):
+    """``lean_lm`` (the language model's prefill, decode and verify passes through mmspec.lean) gives every tick's
+    output bit for bit as the transformers path does: first logits, reasoning tokens and actions, through a full
+    prefill and streamed ticks, with a speculative tree drafter and the frame mask on one camera, and with the plain
+    decode loop over two cameras (the new frames' mask between kept frames)."""
+    import copy
+
+    for vla, cams, cfg in ((two_layer, ("front",), {**STREAM, "spec": True, "frame_mask": True}),
+                           (one_layer, ("front", "left"), {**STREAM, "spec": False})):
+        vla = vla if dtype == torch.float32 else copy.deepcopy(vla).to(dtype)
+        if cfg["spec"]:
+            cfg = {**cfg, "drafter": _glance(vla, branch_k=3)}
+        on, off = _pipe(vla, cfg, cams), _pipe(vla, {**cfg, "lean_lm": False}, cams)
+        assert "lean_lm" in on.engine.describe() and "lean_lm" not in off.engine.describe()
+        for k in (20, 21, 22):
+            a, b = _step(on, world, k, cams, tick=k), _step(off, world, k, cams, tick=k)
+            assert a["tokens"] == b["tokens"] and torch.equal(a["first_logits"], b["first_logits"])
+            assert np.array_equal(a["actions"], b["actions"]) and a["stream"] == b["stream"]
+        assert a["stream"] == "reuse"
+
+
 def test_flashdrive_config_parsing():
     from mmspec.drivers.flashdrive import FlashDriveConfig
 
     assert FlashDriveConfig.parse(None) is None and FlashDriveConfig.parse(False) is None
     full = FlashDriveConfig.parse(True)
-    assert full.names() == ["vision_cache", "stream", "step_cache", "system", "spec", "lean_expert"] \
+    assert full.names() == ["vision_cache", "stream", "step_cache", "system", "spec", "lean_expert", "lean_lm"] \
         and not full.exact
+    assert FlashDriveConfig.parse("lean_lm").names() == ["lean_lm"] and FlashDriveConfig.parse("lean-lm").exact
     assert FlashDriveConfig.parse("lean_expert").names() == ["lean_expert"] and FlashDriveConfig.parse("lean-expert").exact
-    assert not FlashDriveConfig.parse("system").lean_expert  # a mechanism list names what runs
+    assert not FlashDriveConfig.parse("system").lean_expert and not FlashDriveConfig.parse("system").lean_lm
     assert full.spec == "auto"  # speculative reasoning where a drafter fits the VLA
     assert FlashDriveConfig.parse("system").names() == ["system"] and FlashDriveConfig.parse("system").exact
     assert FlashDriveConfig.parse("vision_cache,system,spec").exact  # greedy verification: exact
@@ -660,7 +683,7 @@ def test_flashdrive_config_parsing():
     # the dict turns it off; a mechanism list names what runs, so there it is off unless listed.
     assert FlashDriveConfig.parse({"step_cache": None}).spec == "auto"
     assert FlashDriveConfig.parse({"step_cache": None, "spec": False}).names() == ["vision_cache", "stream", "system",
-                                                                                 "lean_expert"]
+                                                                                 "lean_expert", "lean_lm"]
     assert FlashDriveConfig.parse("stream").spec is False
     for bad in ("warp", {"nope": 1}, {"step_cache": "sometimes"}, {"on_break": "ignore"}, {"spec": "maybe"}, 3):
         with pytest.raises(InvalidInputError):

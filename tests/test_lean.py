@@ -1,0 +1,121 @@
+"""``mmspec.lean``: the decoder stack's forward without the transformers call stack gives the model's numbers bit
+for bit (logits, every hidden state, the cache it appends to) in float32 and bfloat16, for the layer kinds it
+claims, with and without a mask, for one new token and several; the target adapter's verify passes through it are
+the model's own passes (scores, hidden states and committed caches equal over rounds of random trees at batch 2);
+models it cannot run are named with the reason."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache
+
+import _tiny_archs as A
+import _tiny_qwen_vl as Q
+
+
+def _model(name):
+    if name == "qwen2":
+        return A.qwen2_text().model
+    if name == "llama":
+        from transformers import LlamaForCausalLM
+
+        torch.manual_seed(0)
+        return LlamaForCausalLM(A._llama_text(64, 2, attn_implementation="sdpa")).eval()
+    return Q.build("qwen2_vl")
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["qwen2", "llama", "qwen2_vl"])
+def test_lean_forward_is_the_model_bit_for_bit(name, dtype):
+    from mmspec.lean import LeanForward, why_not
+
+    m = _model(name).to(dtype)
+    assert why_not(m) == ""
+    assert m.config.get_text_config().num_attention_heads > m.config.get_text_config().num_key_value_heads  # GQA
+    lean = LeanForward(m)
+    torch.manual_seed(1)
+    B, L = 2, 7
+    mrope = name == "qwen2_vl"
+
+    def positions(a, b):
+        p = torch.arange(a, b)[None].expand(B, -1)
+        return p[None].expand(3, B, -1) if mrope else p
+
+    ref_cache, lean_cache = DynamicCache(config=m.config), DynamicCache(config=m.config)
+    ids = torch.randint(3, 100, (B, L))
+    causal = torch.ones(B, 1, L, L, dtype=torch.bool).tril()
+    ref = m(input_ids=ids, position_ids=positions(0, L), attention_mask=causal, cache=ref_cache, use_cache=True,
+            output_hidden_states=True)
+    got = lean(ids, position_ids=positions(0, L), attention_mask=causal, cache=lean_cache, output_hidden_states=True)
+    assert torch.equal(ref.logits, got.logits) and _same(ref.hidden_states, got.hidden_states)
+    # verify-like passes: a random tree mask over the cache, several tokens, then one (transformers packs a single
+    # masked query's heads, another kernel path), then no mask (causal among the new tokens)
+    for q, masked in ((5, True), (3, True), (1, True), (4, False)):
+        new = torch.randint(3, 100, (B, q))
+        mask = None
+        if masked:
+            tree = (torch.rand(B, 1, q, q) > 0.3) | torch.eye(q, dtype=torch.bool)
+            mask = torch.cat([torch.ones(B, 1, q, L, dtype=torch.bool), tree], dim=-1)
+        ref = m(input_ids=new, position_ids=positions(L, L + q), attention_mask=mask, cache=ref_cache, use_cache=True,
+                output_hidden_states=True)
+        got = lean(new, position_ids=positions(L, L + q), attention_mask=mask, cache=lean_cache,
+                   output_hidden_states=True)
+        assert torch.equal(ref.logits, got.logits), (q, masked, (ref.logits - got.logits).abs().max())
+        assert _same(ref.hidden_states, got.hidden_states)
+        assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                   for a, b in zip(ref_cache.layers, lean_cache.layers))
+        L += q
+
+
+def _inputs(name):
+    if name == "qwen2_vl":
+        return Q.make_inputs("qwen2_vl", [{"pre": 3, "images": [(56, 56)], "post": 5}, {"pre": 2, "post": 4}])
+    return A.left_pad([[A.BOS, 5, 9, 14, 3, 22, 7], [A.BOS, 8, 30, 2]])
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_vl"])
+def test_lean_verify_passes_are_the_models_over_rounds_at_batch_2(name):
+    """Two adapters on one model, one lean: the same random trees each round give the same scores and hidden states
+    bit for bit, and after the same commits the same caches, over rows of different lengths (left padding)."""
+    from mmspec.target import TargetAdapter
+    from mmspec.tree import DraftTree
+
+    m = _model(name)
+    inputs = _inputs(name)
+    ids = inputs.pop("input_ids")
+    plain, lean = TargetAdapter(m, hidden_layers=(1, 2)), TargetAdapter(m, hidden_layers=(1, 2), lean=True)
+    assert lean._lean is not None and plain._lean is None
+    s1, l1, h1 = plain.prefill(ids, dict(inputs))
+    s2, l2, h2 = lean.prefill(ids, dict(inputs))
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        trees = []
+        for _ in range(ids.shape[0]):
+            n = int(rng.integers(0, 6))
+            trees.append(DraftTree(rng.integers(3, 100, n), [int(rng.integers(-1, i)) for i in range(n)]))
+        a, _ = plain.score(s1, trees)
+        b, _ = lean.score(s2, trees)
+        assert torch.equal(a.logits, b.logits) and all(torch.equal(a.hidden_states[k], b.hidden_states[k]) for k in (1, 2))
+        paths = [[0] if len(t) else [] for t in trees]  # the first root's branch kept, as a greedy accept may
+        nxt = a.logits[:, 0].argmax(-1)
+        plain.commit(s1, paths, nxt)
+        lean.commit(s2, paths, nxt)
+        assert all(torch.equal(x.keys, y.keys) for x, y in zip(s1.cache.layers, s2.cache.layers))
+
+
+def test_lean_says_what_it_cannot_run():
+    from mmspec.lean import LeanForward, why_not
+    from mmspec.errors import UnsupportedModelError
+    from mmspec.target import TargetAdapter
+
+    eager = A.qwen2_text(attn_implementation="eager").model
+    assert "eager" in why_not(eager)
+    with pytest.raises(UnsupportedModelError, match="eager"):
+        LeanForward(eager)
+    assert TargetAdapter(eager, lean=True)._lean is None  # the model's own forward runs
+    assert why_not(torch.nn.Linear(2, 2)) == "no decoder layers"
+    assert "not among" in why_not(A.paligemma().model)  # Gemma layers: another norm, another MLP
