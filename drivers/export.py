@@ -62,7 +62,8 @@ def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat1
     ``src_vla`` (:func:`~mmspec.drivers.export.export_vla`), as ``out_vla/fewstep`` with weights in ``dtype``.
     The export rounds the backbone, so its weights hash changes: the student is re-bound to the exported backbone
     (``distilled_on`` keeps the hash it was distilled on). Refused unless the student was distilled on ``src_vla``
-    and ``out_vla``'s backbone is ``src_vla``'s rounded to ``dtype``, tensor for tensor.
+    and ``out_vla``'s backbone is ``src_vla``'s rounded to ``dtype``, tensor for tensor, or ``out_vla`` is
+    ``src_vla`` (a student distilled on the shipped VLA itself: it replaces the one shipped there).
 
     Example:
         >>> export_student("/work/fewstep", "/work/vla-fp32", "/work/vla-bf16")   # doctest: +SKIP
@@ -76,10 +77,10 @@ def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat1
 
     info = student_info(student, src_vla)
     out = os.path.join(out_vla, STUDENT_DIR)
-    if os.path.realpath(src_vla) == os.path.realpath(out_vla) or os.path.realpath(student) == os.path.realpath(out):
-        raise InvalidInputError(f"export the student from its own folder into another VLA folder (got student "
-                                f"{student}, source {src_vla}, out {out_vla})")
-    if not _is_export_of(out_vla, src_vla, dtype):
+    if os.path.realpath(student) == os.path.realpath(out):
+        raise InvalidInputError(f"export the student from its own folder (got student {student}, out {out_vla})")
+    same = os.path.realpath(src_vla) == os.path.realpath(out_vla)  # distilled on the shipped VLA itself
+    if not same and not _is_export_of(out_vla, src_vla, dtype):
         raise InvalidInputError(f"{out_vla} is not {src_vla} exported in {dtype}: the student would be bound to "
                                 "another backbone (export both with train_vla export --student)")
     if os.path.isdir(out):

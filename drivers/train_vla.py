@@ -448,6 +448,8 @@ def main(argv=None) -> int:
     x.add_argument("--out", default=VLA_DIR)
     x.add_argument("--student", default=None, help="a few-step action expert distilled on --model, shipped as "
                    "OUT/fewstep (FlashDrive's default expert for this VLA)")
+    x.add_argument("--student-only", action="store_true", help="ship --student (distilled on --model itself, "
+                   "e.g. the bundled VLA) as MODEL/fewstep in bfloat16, replacing the student shipped there")
     r = sub.add_parser("rollouts", help="let a VLA drive training scenarios and record it (DAgger's data)")
     r.add_argument("--model", required=True)
     r.add_argument("--out", required=True, help="JSONL file (appended to; a killed run resumes)")
@@ -474,6 +476,13 @@ def main(argv=None) -> int:
         print(json.dumps({"rows": len(rows), **bad}))
         return 0
     if args.cmd == "export":
+        if args.student_only:
+            if not args.student:
+                raise InvalidInputError("--student-only ships --student: name it")
+            from .export import export_student
+
+            print(export_student(args.student, args.model, args.model))
+            return 0
         print(export_vla(args.model, args.out, student=args.student))
         return 0
     model = args.model or bundled_vla()

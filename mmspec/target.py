@@ -387,11 +387,15 @@ class TargetAdapter:
             k = lengths.pop()
             tail = torch.tensor([[0] + [1 + i for i in p] for p in paths], dtype=torch.long, device=dev)
             if not torch.equal(tail, torch.arange(k, device=dev).expand(b, k)):
-                gathers = _PerDevice(_twice(tail, self._copies)[:, None, :, None])
+                if all(p == paths[0] for p in paths):  # one path for every row (batch 1): a plain index_select
+                    gathers, pick = _PerDevice(tail[0]), lambda t, i: t.index_select(2, i)
+                else:
+                    gathers = _PerDevice(_twice(tail, self._copies)[:, None, :, None])
+                    pick = lambda t, i: torch.take_along_dim(t, i, dim=2)  # noqa: E731
                 for layer in state.cache.layers:
                     for name in ("keys", "values"):
                         t = getattr(layer, name)
-                        t[:, :, old_len : old_len + k] = torch.take_along_dim(t[:, :, old_len:], gathers[t], dim=2)
+                        t[:, :, old_len : old_len + k] = pick(t[:, :, old_len:], gathers[t])
             for layer in state.cache.layers:
                 layer.keys = layer.keys[:, :, : old_len + k]
                 layer.values = layer.values[:, :, : old_len + k]

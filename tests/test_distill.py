@@ -250,3 +250,19 @@ def test_a_shipped_student_is_flashdrives_default(saved, tmp_path):
     export_vla(saved, shipped)  # re-exported without a student: the old one (bound to the old weights) goes
     assert bundled_student(shipped) is None
     assert not (tmp_path / "shipped" / "train_config.json").exists()  # saved has none: the old one does not stay
+    # a student distilled on the shipped VLA itself (warm-started from another of its students) ships in place
+    two = export_student(student, saved, shipped)  # the 2-step student, shipped again
+    one = str(tmp_path / "one")
+    distill_expert(DistillConfig(vla=shipped, out=one, student_steps=1, steps=1, batch_size=1, init=two),
+                   progress=False)
+    warm = str(tmp_path / "warm")  # steps=0 saves the starting point: the 2-step student's weights, at 1 step
+    distill_expert(DistillConfig(vla=shipped, out=warm, student_steps=1, steps=0, init=two), progress=False)
+    a, b = load_file(f"{warm}/action_expert.safetensors"), load_file(f"{two}/action_expert.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k].float()) for k in a)
+    assert export_student(one, shipped, shipped) == f"{shipped}/fewstep"
+    info = json.load(open(f"{shipped}/fewstep/distill.json"))
+    assert info["student_steps"] == 1 and info["distilled_on"] == info["backbone_sha256_16"] == backbone_hash(shipped)
+    assert engine(shipped).expert.num_steps == 1
+    with pytest.raises(InvalidInputError, match="another backbone|not distilled on"):  # a warm start must fit
+        distill_expert(DistillConfig(vla=other, out=str(tmp_path / "bad"), student_steps=1, steps=1, init=one),
+                       progress=False)
