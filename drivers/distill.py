@@ -83,8 +83,8 @@ class DistillConfig:
     ``stream_mask``: the share of steps whose backbone context is computed under the streaming mask (FlashDrive's
     kept frames see only themselves), so the student also learns the contexts a streaming tick gives it.
     ``stop_after`` ends this run early while the schedule still spans ``steps`` (resume to go on).
-    ``init``: a student folder (``distill.json`` beside an expert, e.g. the shipped 2-step ``fewstep/``) whose weights
-    the new student starts from instead of the teacher's: a 1-step student warm-started from the 2-step one.
+    ``init``: a student folder (``distill.json`` beside an expert, distilled on the same backbone) whose weights the
+    new student starts from instead of the teacher's: the shipped 1-step student was warm-started from a 2-step one.
 
     Example:
         >>> DistillConfig(vla="drivers/assets/driving-vla", out="/tmp/fewstep").student_steps

@@ -17,8 +17,9 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
 * **step cache** (``step_cache``, approximate): :class:`~mmspec.drivers.vla.StepCache` reuses the last
   velocity of the flow-matching head on some Euler steps (adaptive threshold or fixed schedule).
 * **few-step expert** (``fewstep``, approximate): the flow head integrates with a student of the action
-  expert distilled into 2 Euler steps (:mod:`mmspec.drivers.distill`) instead of the VLA's own 10-step expert:
-  fewer head calls than the step cache at less drift from the 10-step trajectory (``results/drivers/drive-sim``).
+  expert distilled into a few Euler steps (:mod:`mmspec.drivers.distill`; the bundled VLA ships a 1-step one) instead
+  of the VLA's own 10-step expert: fewer head calls than the step cache at less drift from the 10-step trajectory
+  (``results/drivers/drive-sim``).
   A VLA folder may ship its student (``fewstep/``); FlashDrive then uses it by default (``expert="auto"``) in
   place of the step cache; ``expert=None`` keeps the VLA's own expert, ``expert=DIR`` takes another student.
 * **speculative reasoning** (``spec``, exact): a block drafter (a GLANCE head, ``mmspec train --kind glance

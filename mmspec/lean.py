@@ -51,7 +51,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def _text_model(model):
     """The decoder stack (``layers``, ``norm``, ``rotary_emb``, ``embed_tokens``) of a causal LM or a VLM."""
     inner = getattr(model, "model", model)
-    return getattr(inner, "language_model", inner)
+    for name in ("language_model", "text_model"):  # Qwen2-VL / LLaVA; Idefics3 / SmolVLM
+        if isinstance(getattr(inner, name, None), torch.nn.Module):
+            return getattr(inner, name)
+    return inner
+
+
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def why_not(model) -> str:
@@ -78,6 +84,13 @@ def why_not(model) -> str:
         return f"activation {cfg.hidden_act!r}, not silu"
     if getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "mlp_bias", False):
         return "tensor-parallel or biased MLP"
+    for layer in layers:  # the weights are read directly: a wrapped projection (an adapter) or a hook would be skipped
+        mods = [getattr(layer.self_attn, n, None) for n in _PROJECTIONS[:4]] + \
+               [getattr(layer.mlp, n, None) for n in _PROJECTIONS[4:]]
+        if any(type(m) is not torch.nn.Linear for m in mods):
+            return "a projection is not a plain Linear (an adapter or a quantised layer)"
+        if any(hasattr(m, "_hf_hook") for m in mods + [layer]):  # accelerate's (transformers' own only record)
+            return "accelerate hooks on the layers (device map or offloading)"
     return ""
 
 

@@ -438,6 +438,15 @@ class TargetAdapter:
         if not any(drop):
             return
         dev = self.device
+        if len(set(drop)) == 1 and drop[0] < state.valid.shape[1]:
+            # rows are right-aligned: the same count off every row is the last columns, a crop, not a gather
+            k = int(drop[0])
+            for layer in state.cache.layers:
+                layer.keys = layer.keys[:, :, :-k]
+                layer.values = layer.values[:, :, :-k]
+            state.valid = state.valid[:, :-k]
+            state.positions.advance(-torch.full((len(drop),), k, dtype=torch.long, device=dev))
+            return
         kept = []
         for r, k in enumerate(drop):
             idx = torch.nonzero(state.valid[r], as_tuple=False).flatten()

@@ -133,3 +133,28 @@ def test_bad_arguments_raise_mmspec_errors(lm):
         args = {"scores": logits, "prompts": [ids[0].tolist()], "max_new": 4, **kw}
         with pytest.raises(InvalidInputError, match=match):
             decode_from_state(adapter, state, args.pop("scores"), **args)
+
+
+def test_truncating_the_same_count_off_every_row_is_the_gather_it_replaces(lm):
+    """``truncate`` with one count for every row crops the last columns (rows are right-aligned); the slots it keeps
+    per row, their keys/values and positions are what the per-row gather keeps, on a left-padded batch of 2."""
+    import copy
+
+    from mmspec.target import TargetAdapter, _regather
+
+    ids = torch.tensor([[0, 0, 5, 9, 14], [3, 22, 7, 8, 11]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    adapter = TargetAdapter(lm)
+    state, _, _ = adapter.prefill(ids, {"attention_mask": mask})
+    crop, gather = copy.deepcopy(state), copy.deepcopy(state)
+    adapter.truncate(crop, [2, 2])
+    kept = [torch.nonzero(gather.valid[r]).flatten()[:-2] for r in range(2)]
+    _regather(gather, kept)
+    gather.positions.advance(-torch.tensor([2, 2]))
+    for r in range(2):
+        a, b = crop.valid[r].nonzero().flatten(), gather.valid[r].nonzero().flatten()
+        assert len(a) == len(b) == int(mask[r].sum()) - 2
+        for x, y in zip(crop.cache.layers, gather.cache.layers):
+            assert torch.equal(x.keys[r][:, a], y.keys[r][:, b]) and torch.equal(x.values[r][:, a], y.values[r][:, b])
+    assert torch.equal(crop.positions.for_offsets(torch.zeros(2, 1, dtype=torch.long)),
+                       gather.positions.for_offsets(torch.zeros(2, 1, dtype=torch.long)))

@@ -37,6 +37,12 @@ python -m mmspec.drivers.train_vla train --out "$W/vla7" --init drivers/assets/d
 python -m mmspec.drivers.distill --vla "$W/vla7" --out "$W/fewstep7" --student-steps 2 --steps 800 --batch-size 8 \
     --lr 3e-4 --warmup 20 --stream-mask 0.5 --seed 0 --threads 1 --save-every 25
 python -m mmspec.drivers.train_vla export --model "$W/vla7" --student "$W/fewstep7"
+# Then (2026-12-04, issue 35; what ships now): a 1-step student, distilled on the exported VLA itself and warm-started
+# from the 2-step one (400 steps at lr 1e-4, ~1.3 s each at 1 thread), shipped in its place (bf16).
+python -m mmspec.drivers.distill --vla drivers/assets/driving-vla --out "$W/fewstep1" --student-steps 1 --steps 400 \
+    --batch-size 8 --lr 1e-4 --warmup 10 --stream-mask 0.5 --seed 1 --threads 1 --save-every 25 \
+    --init drivers/assets/driving-vla/fewstep
+python -m mmspec.drivers.train_vla export --model drivers/assets/driving-vla --student "$W/fewstep1" --student-only
 python -m mmspec.drivers.train_vla eval --n 48 --samples 6 --closed-loop 48
 # FlashDrive's reasoning drafter (drivers/assets/driving-drafter): a GLANCE block head (1 layer, blocks of 8, reading
 # layers 1-3 over the whole prompt, frames included) trained with `mmspec train` on the bundled VLA's own greedy
