@@ -107,11 +107,14 @@ class DistillConfig:
     init: str = ""
 
 
-def _save_student(student, cfg: DistillConfig, teacher_hash: str, steps_done: int) -> None:
+def _save_student(student, cfg: DistillConfig, teacher_hash: str, steps_done: int, init_record=None) -> None:
     save_expert(student, cfg.out)
+    rec = {"kind": "fewstep_expert", "teacher": os.path.abspath(cfg.vla), "backbone_sha256_16": teacher_hash,
+           "student_steps": cfg.student_steps, "steps_done": steps_done, "config": asdict(cfg)}
+    if init_record is not None:  # what the warm start was (its folder may later hold another student)
+        rec["init_record"] = init_record
     with open(os.path.join(cfg.out, STUDENT_INFO), "w") as f:
-        json.dump({"kind": "fewstep_expert", "teacher": os.path.abspath(cfg.vla), "backbone_sha256_16": teacher_hash,
-                   "student_steps": cfg.student_steps, "steps_done": steps_done, "config": asdict(cfg)}, f, indent=2)
+        json.dump(rec, f, indent=2)
 
 
 def _check_config(cfg: DistillConfig) -> None:
@@ -124,9 +127,13 @@ def _check_config(cfg: DistillConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise InvalidInputError(f"{msg} (got {asdict(cfg)})")
-    if os.path.realpath(cfg.out) == os.path.realpath(cfg.vla) or os.path.isfile(os.path.join(cfg.out, "model.safetensors")):
-        raise InvalidInputError(f"--out {cfg.out} is a VLA folder: the student would overwrite its expert; "
-                                "give the student a folder of its own")
+    if cfg.init and os.path.realpath(cfg.init) == os.path.realpath(cfg.out):
+        raise InvalidInputError(f"--out {cfg.out} is the --init student: train the new student in a folder of its own")
+    if os.path.realpath(cfg.out) == os.path.realpath(cfg.vla) or os.path.isfile(os.path.join(cfg.out, "model.safetensors")) \
+            or os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(cfg.out)), "model.safetensors")):
+        raise InvalidInputError(f"--out {cfg.out} is (inside) a VLA folder: the student would overwrite its expert "
+                                "or the student it ships; give the student a folder of its own (ship it with "
+                                "train_vla export)")
 
 
 def distill_expert(cfg: DistillConfig, progress: bool = True):
@@ -157,6 +164,9 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
         if (info["backbone_sha256_16"], info["student_steps"]) != (teacher_hash, cfg.student_steps):
             raise InvalidInputError(f"{cfg.out} was distilled from another VLA or into another step count "
                                     f"({info['teacher']}, {info['student_steps']} steps): use another --out")
+        if cfg.init != info["config"].get("init", ""):  # a resumed run goes on from its own warm start
+            raise InvalidInputError(f"{cfg.out} was started with --init {info['config'].get('init', '')!r}, not "
+                                    f"{cfg.init!r}: resume with the same --init, or use another --out")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     vla = DrivingVLA.from_pretrained(cfg.vla, dtype=torch.float32)
@@ -165,9 +175,12 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
     teacher = vla.expert
     os.makedirs(cfg.out, exist_ok=True)
     student = copy.deepcopy(teacher)
+    init_record = info.get("init_record") if resume else None
     if cfg.init and not resume:
         # the warm start must serve this backbone: a student of another VLA reads another cache
         student.load_state_dict(load_student(cfg.init, vla, cfg.vla).state_dict())
+        with open(os.path.join(cfg.init, STUDENT_INFO)) as f:
+            init_record = {k: v for k, v in json.load(f).items() if k != "config"}
     student.num_steps = cfg.student_steps
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0)
     start_step = 0
@@ -182,7 +195,7 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
     log_path = os.path.join(cfg.out, "train_log.jsonl")
     trim_log(log_path, start_step)
     if cfg.steps == 0:  # the teacher itself at student_steps uniform steps: the baseline a student must beat
-        _save_student(student.eval(), cfg, teacher_hash, 0)
+        _save_student(student.eval(), cfg, teacher_hash, 0, init_record)
         return student
     student.train()
     for p in student.parameters():
@@ -225,7 +238,7 @@ def distill_expert(cfg: DistillConfig, progress: bool = True):
             tmp = state_path + ".tmp"
             torch.save({"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}, tmp)
             os.replace(tmp, state_path)
-            _save_student(student.eval(), cfg, teacher_hash, step + 1)
+            _save_student(student.eval(), cfg, teacher_hash, step + 1, init_record)
             student.train()
     return student.eval()
 

@@ -83,17 +83,22 @@ def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat1
     if not same and not _is_export_of(out_vla, src_vla, dtype):
         raise InvalidInputError(f"{out_vla} is not {src_vla} exported in {dtype}: the student would be bound to "
                                 "another backbone (export both with train_vla export --student)")
+    tmp = out + ".tmp"  # written beside, then swapped in: a failure midway leaves the shipped student as it was
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    save_state_compact(load_file(os.path.join(student, EXPERT_NAME)), os.path.join(tmp, EXPERT_NAME), dtype)
+    shutil.copy(os.path.join(student, EXPERT_CONFIG), os.path.join(tmp, EXPERT_CONFIG))
+    if os.path.isfile(os.path.join(student, "train_log.jsonl")):
+        shutil.copy(os.path.join(student, "train_log.jsonl"), os.path.join(tmp, "train_log.jsonl"))
+    info = {**info, "backbone_sha256_16": backbone_hash(out_vla),
+            "distilled_on": info.get("distilled_on", info["backbone_sha256_16"]),
+            "exported_from": os.path.abspath(student), "dtype": str(dtype).replace("torch.", "")}
+    with open(os.path.join(tmp, STUDENT_INFO), "w") as f:
+        json.dump(info, f, indent=2)
     if os.path.isdir(out):
         shutil.rmtree(out)  # nothing of an earlier student may stay beside this one
-    os.makedirs(out)
-    save_state_compact(load_file(os.path.join(student, EXPERT_NAME)), os.path.join(out, EXPERT_NAME), dtype)
-    shutil.copy(os.path.join(student, EXPERT_CONFIG), os.path.join(out, EXPERT_CONFIG))
-    if os.path.isfile(os.path.join(student, "train_log.jsonl")):
-        shutil.copy(os.path.join(student, "train_log.jsonl"), os.path.join(out, "train_log.jsonl"))
-    info = {**info, "backbone_sha256_16": backbone_hash(out_vla), "distilled_on": info["backbone_sha256_16"],
-            "exported_from": os.path.abspath(student), "dtype": str(dtype).replace("torch.", "")}
-    with open(os.path.join(out, STUDENT_INFO), "w") as f:
-        json.dump(info, f, indent=2)
+    os.replace(tmp, out)
     return out
 
 

@@ -479,6 +479,8 @@ def main(argv=None) -> int:
         if args.student_only:
             if not args.student:
                 raise InvalidInputError("--student-only ships --student: name it")
+            if os.path.realpath(args.out) != os.path.realpath(VLA_DIR):
+                raise InvalidInputError("--student-only ships the student into --model itself; --out does not apply")
             from .export import export_student
 
             print(export_student(args.student, args.model, args.model))

@@ -248,6 +248,7 @@ def generate(
     budget: DepthBudget | None = None,
     record_entropy: bool = False,
     guidance=None,
+    lean: bool = False,
     **kwargs,
 ) -> GenerateOutput:
     """Speculative decoding with ``drafter`` on ``model``; same output as ``model.generate``.
@@ -277,6 +278,9 @@ def generate(
             committed (``stats.entropy_trace``, fitted by :meth:`SpecStats.draftability`); off by default.
         guidance: a :class:`~mmspec.target.Guidance` (classifier-free guidance: the unconditional rows run in
             the same passes, the logits every processor and rule sees are ``u + s (c - u)``).
+        lean: verify passes through :class:`~mmspec.lean.LeanForward` (bit for bit the model's numbers without the
+            transformers call stack; Qwen2 / Qwen2-VL / Llama layers, else the model's forward): for small targets,
+            whose passes are mostly Python. The prefill stays the model's own.
 
     Returns:
         :class:`GenerateOutput` with ``sequences`` (prompt + generated, rows padded with the pad token after
@@ -317,7 +321,7 @@ def generate(
     if drafter is not None:
         drafter.bind(model)
     adapter = TargetAdapter(model, hidden_layers=getattr(drafter, "hidden_layers", ()) if drafter else (),
-                            guidance=guidance)
+                            guidance=guidance, lean=lean)
 
     # ---------------------------------------------------------------- prefill + first token
     t0 = time.perf_counter()

@@ -24,6 +24,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+try:  # transformers' own SDPA dispatch helpers: lean attends exactly as the model does
+    from transformers.integrations import sdpa_attention as _sdpa
+
+    if not all(hasattr(_sdpa, n) for n in ("use_gqa_in_sdpa", "pack_gqa", "repeat_kv")):
+        _sdpa = None
+except ImportError:  # pragma: no cover - transformers is a dependency
+    _sdpa = None
+
 __all__ = ["LeanForward", "LeanOutput", "run_layers", "rms_norm", "why_not", "LEAN_LAYERS"]
 
 # Decoder layers whose forward run_layers reproduces (checked op for op against transformers 5.25's modelling code).
@@ -34,8 +42,8 @@ def rms_norm(h: torch.Tensor, norm) -> torch.Tensor:
     """``Qwen2RMSNorm.forward`` inline: float32 statistics, the weight applied in the input's dtype.
 
     Example:
-        >>> n = torch.nn.RMSNorm(4); n.variance_epsilon = 1e-6
-        >>> rms_norm(torch.ones(1, 4), n).tolist()
+        >>> n = torch.nn.RMSNorm(4); n.variance_epsilon = 0.0
+        >>> rms_norm(torch.full((1, 4), 3.0), n).tolist()
         [[1.0, 1.0, 1.0, 1.0]]
     """
     x = h.to(torch.float32)
@@ -73,8 +81,9 @@ def why_not(model) -> str:
     if layers is None or len(layers) == 0:
         return "no decoder layers"
     kinds = {type(layer).__name__ for layer in layers}
-    if not kinds <= set(LEAN_LAYERS):
-        return f"layers {sorted(kinds)} are not among {list(LEAN_LAYERS)}"
+    if not kinds <= set(LEAN_LAYERS) or any(not type(layer).__module__.startswith("transformers.models.")
+                                            for layer in layers):
+        return f"layers {sorted(kinds)} are not transformers' {list(LEAN_LAYERS)}"
     cfg = dec.config
     if (cfg._attn_implementation or "sdpa") != "sdpa":
         return f"attention {cfg._attn_implementation!r}, not sdpa"
@@ -84,6 +93,17 @@ def why_not(model) -> str:
         return f"activation {cfg.hidden_act!r}, not silu"
     if getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "mlp_bias", False):
         return "tensor-parallel or biased MLP"
+    if getattr(cfg, "tie_last_hidden_states", True) is False:
+        return "the last hidden state is not tied to the normed output"
+    if dec.training and getattr(cfg, "attention_dropout", 0.0):
+        return "training with attention dropout"
+    if getattr(model, "use_kernels", False):
+        return "hub kernels replace the layers' forwards"
+    if _sdpa is None:
+        return "this transformers has no pack_gqa / use_gqa_in_sdpa (its SDPA dispatch is not the one copied here)"
+    head = getattr(model, "lm_head", None)
+    if head is not None and type(head) is not torch.nn.Linear:
+        return "the language head is not a plain Linear"
     for layer in layers:  # the weights are read directly: a wrapped projection (an adapter) or a hook would be skipped
         mods = [getattr(layer.self_attn, n, None) for n in _PROJECTIONS[:4]] + \
                [getattr(layer.mlp, n, None) for n in _PROJECTIONS[4:]]
@@ -94,11 +114,32 @@ def why_not(model) -> str:
     return ""
 
 
-def run_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask, kv, hidden: list | None = None):
+def _attend(a, q, keys, values, mask, is_causal: bool) -> torch.Tensor:
+    """SDPA as transformers' ``sdpa_attention_forward`` dispatches it (its own helpers, the same branches: key/value
+    heads inside SDPA where ``use_gqa_in_sdpa`` says so, a single masked query's heads packed, K/V repeated
+    otherwise), so the kernel path and its roundings are the model's. Returns ``[B, n, heads * D]``."""
+    B, n = q.shape[0], q.shape[2]
+    g, kw = a.num_key_value_groups, {}
+    if g > 1:
+        if _sdpa.use_gqa_in_sdpa(mask, keys, values):
+            kw["enable_gqa"] = True
+        elif n == 1:
+            q, mask = _sdpa.pack_gqa(q, g), _sdpa.pack_gqa(mask, g)
+        else:
+            keys, values = _sdpa.repeat_kv(keys, g), _sdpa.repeat_kv(values, g)
+    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=0.0, scale=a.scaling,
+                                       is_causal=is_causal, **kw)
+    o = o.reshape(o.shape[0], -1, n, values.shape[-1]).transpose(1, 2).contiguous()
+    return o.reshape(B, n, -1).contiguous()
+
+
+def run_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask, kv, hidden: list | None = None,
+               is_causal: bool = False):
     """``h[B, n, H]`` through decoder ``layers``; returns the last layer's output (before the final norm).
 
     ``cos``/``sin``: ``[B, 1, n, D]`` (the model's ``rotary_emb`` at the tokens' positions, unsqueezed for the heads);
-    ``mask``: ``None`` (every key visible) or a boolean / additive ``[B, 1, n, L]`` mask over all ``L`` keys;
+    ``mask``: ``None`` (every key visible; ``is_causal``: causal, for a pass over an empty cache, as transformers
+    runs it) or a boolean / additive ``[B, 1, n, L]`` mask over all ``L`` keys;
     ``kv(i, k, v)`` takes layer ``i``'s new keys/values ``[B, Hkv, n, D]`` (rotated) and returns that layer's full
     keys/values (a cache's update, or a buffer written in place). ``hidden`` (a list) gets each layer's input,
     as ``hidden_states`` lists them.
@@ -119,16 +160,7 @@ def run_layers(layers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ma
         q = (q * cos) + (_rotate_half(q) * sin)
         k = (k * cos) + (_rotate_half(k) * sin)
         keys, values = kv(i, k, v)
-        g = a.num_key_value_groups
-        if n == 1 and mask is not None and g > 1:
-            # one query under a mask: transformers packs the query heads of a key/value head as its queries
-            # (pack_gqa); another kernel path, other roundings in float32, so the same here
-            o = F.scaled_dot_product_attention(q.reshape(B, -1, g, D), keys, values, attn_mask=mask, dropout_p=0.0,
-                                               scale=a.scaling, is_causal=False).reshape(B, -1, 1, D)
-        else:
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=0.0, scale=a.scaling,
-                                               is_causal=False, enable_gqa=g > 1)
-        o = o.transpose(1, 2).contiguous().reshape(B, n, -1).contiguous()
+        o = _attend(a, q, keys, values, mask, is_causal)
         h = h + F.linear(o, a.o_proj.weight, a.o_proj.bias)
         x = rms_norm(h, layer.post_attention_layernorm)
         h = h + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
@@ -182,7 +214,8 @@ class LeanForward:
         cos, sin = dec.rotary_emb(h, pos)
         mask = attention_mask
         past = cache.get_seq_length()
-        if mask is None and n > 1:  # causal among the new tokens, everything cached visible
+        causal = mask is None and n > 1 and past == 0  # transformers drops the mask there: SDPA's is_causal
+        if mask is None and n > 1 and past:  # causal among the new tokens, everything cached visible
             i = torch.arange(n, device=h.device)
             mask = torch.cat([torch.ones(n, past, dtype=torch.bool, device=h.device), i[None, :] <= i[:, None]],
                              dim=1)[None, None]
@@ -191,7 +224,7 @@ class LeanForward:
         def kv(i, k, v):
             return cache.update(k, v, i)
 
-        h = run_layers(dec.layers, h, cos.unsqueeze(1), sin.unsqueeze(1), mask, kv, hidden)
+        h = run_layers(dec.layers, h, cos.unsqueeze(1), sin.unsqueeze(1), mask, kv, hidden, is_causal=causal)
         if hidden is not None:
             hidden.append(h)
         last = rms_norm(h, dec.norm)

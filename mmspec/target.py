@@ -206,7 +206,8 @@ class TargetAdapter:
             are then the conditional rows'.
         lean: score through :class:`~mmspec.lean.LeanForward` (bit for bit the model's numbers, without the
             transformers call stack: worth it where a pass is a few ms, as a small model's on a CPU) where
-            :func:`~mmspec.lean.why_not` allows; otherwise the model's own forward.
+            :func:`~mmspec.lean.why_not` allows (guidance's doubled batch included); otherwise the model's own
+            forward.
     """
 
     def __init__(self, model, hidden_layers: tuple = (), guidance: Guidance | None = None, lean: bool = False):
@@ -235,9 +236,9 @@ class TargetAdapter:
         # instead of a dense [Q, L + Q] mask (Triton on CUDA, its plain-torch reference elsewhere).
         self._tree_kernel = impl == TREE_ATTENTION
         # lean: verify passes through mmspec.lean (the same numbers without transformers' call stack), where the
-        # model's layers are ones it runs; otherwise (and under guidance or the tree kernel) the model's forward
+        # model's layers are ones it runs (guidance's doubled batch too); otherwise (the tree kernel) the model's own
         self._lean = None
-        if lean and guidance is None and not self._tree_kernel and not lean_why_not(model):
+        if lean and not self._tree_kernel and not lean_why_not(model):
             self._lean = LeanForward(model)
 
     # ------------------------------------------------------------------ prefill
@@ -351,8 +352,9 @@ class TargetAdapter:
             mask = _twice(mask, c)
         positions = state.positions.for_offsets(offsets.to(dev))
         if self._lean is not None:  # positions and mask are explicit: the per-token type ids have nothing to say
-            out = self._lean(input_ids, position_ids=positions, attention_mask=mask, cache=state.cache,
-                             output_hidden_states=bool(self.hidden_layers))
+            out = self._lean(_twice(input_ids, c), position_ids=positions if c == 1 else torch.cat([positions] * c,
+                                                                                                   dim=-2),
+                             attention_mask=mask, cache=state.cache, output_hidden_states=bool(self.hidden_layers))
             return ScoreOutput(self._logits(out.logits), self._pick_hidden(out)), packed
         out = self.model(
             input_ids=_twice(input_ids, c),
@@ -387,7 +389,7 @@ class TargetAdapter:
             k = lengths.pop()
             tail = torch.tensor([[0] + [1 + i for i in p] for p in paths], dtype=torch.long, device=dev)
             if not torch.equal(tail, torch.arange(k, device=dev).expand(b, k)):
-                if all(p == paths[0] for p in paths):  # one path for every row (batch 1): a plain index_select
+                if all(p == paths[0] for p in paths):  # one path for every row (always at batch 1): index_select
                     gathers, pick = _PerDevice(tail[0]), lambda t, i: t.index_select(2, i)
                 else:
                     gathers = _PerDevice(_twice(tail, self._copies)[:, None, :, None])
@@ -438,7 +440,7 @@ class TargetAdapter:
         if not any(drop):
             return
         dev = self.device
-        if len(set(drop)) == 1 and drop[0] < state.valid.shape[1]:
+        if len(set(drop)) == 1 and drop[0] < state.valid.shape[1] and bool(state.valid[:, -drop[0]:].all()):
             # rows are right-aligned: the same count off every row is the last columns, a crop, not a gather
             k = int(drop[0])
             for layer in state.cache.layers:

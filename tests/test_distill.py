@@ -117,7 +117,7 @@ def test_a_student_serves_only_its_own_backbone(saved, tmp_path):
                                                                        vla.expert.state_dict().values()))
     with pytest.raises(InvalidInputError, match="student_steps"):
         distill_expert(DistillConfig(vla=saved, out=str(tmp_path / "x"), student_steps=0), progress=False)
-    with pytest.raises(InvalidInputError, match="is a VLA folder"):  # it would overwrite the teacher's expert
+    with pytest.raises(InvalidInputError, match="is .inside. a VLA folder"):  # it would overwrite the teacher's expert
         distill_expert(DistillConfig(vla=saved, out=saved, steps=0), progress=False)
     with pytest.raises(InvalidInputError, match="another step count"):
         distill_expert(DistillConfig(vla=saved, out=out, student_steps=3, steps=2, batch_size=1), progress=False)
@@ -262,7 +262,12 @@ def test_a_shipped_student_is_flashdrives_default(saved, tmp_path):
     assert export_student(one, shipped, shipped) == f"{shipped}/fewstep"
     info = json.load(open(f"{shipped}/fewstep/distill.json"))
     assert info["student_steps"] == 1 and info["distilled_on"] == info["backbone_sha256_16"] == backbone_hash(shipped)
-    assert engine(shipped).expert.num_steps == 1
+    assert engine(shipped).expert.num_steps == 1 and info["init_record"]["student_steps"] == 2
+    with pytest.raises(InvalidInputError, match="folder of its own"):  # never trained over the student it starts from
+        distill_expert(DistillConfig(vla=shipped, out=f"{shipped}/fewstep", student_steps=1, steps=1,
+                                     init=f"{shipped}/fewstep"), progress=False)
+    with pytest.raises(InvalidInputError, match="resume with the same --init"):
+        distill_expert(DistillConfig(vla=shipped, out=one, student_steps=1, steps=1, batch_size=1), progress=False)
     with pytest.raises(InvalidInputError, match="another backbone|not distilled on"):  # a warm start must fit
         distill_expert(DistillConfig(vla=other, out=str(tmp_path / "bad"), student_steps=1, steps=1, init=one),
                        progress=False)

@@ -45,8 +45,13 @@ def test_lean_forward_is_the_model_bit_for_bit(name, dtype):
         p = torch.arange(a, b)[None].expand(B, -1)
         return p[None].expand(3, B, -1) if mrope else p
 
-    ref_cache, lean_cache = DynamicCache(config=m.config), DynamicCache(config=m.config)
+    # no mask over an empty cache: transformers runs SDPA's is_causal, so does lean
+    c1, c2 = DynamicCache(config=m.config), DynamicCache(config=m.config)
     ids = torch.randint(3, 100, (B, L))
+    ref = m(input_ids=ids, position_ids=positions(0, L), cache=c1, use_cache=True, output_hidden_states=True)
+    got = lean(ids, position_ids=positions(0, L), attention_mask=None, cache=c2, output_hidden_states=True)
+    assert torch.equal(ref.logits, got.logits) and _same(ref.hidden_states, got.hidden_states)
+    ref_cache, lean_cache = DynamicCache(config=m.config), DynamicCache(config=m.config)
     causal = torch.ones(B, 1, L, L, dtype=torch.bool).tril()
     ref = m(input_ids=ids, position_ids=positions(0, L), attention_mask=causal, cache=ref_cache, use_cache=True,
             output_hidden_states=True)
@@ -100,11 +105,19 @@ def test_lean_verify_passes_are_the_models_over_rounds_at_batch_2(name):
         a, _ = plain.score(s1, trees)
         b, _ = lean.score(s2, trees)
         assert torch.equal(a.logits, b.logits) and all(torch.equal(a.hidden_states[k], b.hidden_states[k]) for k in (1, 2))
-        paths = [[0] if len(t) else [] for t in trees]  # the first root's branch kept, as a greedy accept may
+        # an accepted path: the last node and its ancestors (not always a prefix, so the commit's gathers run)
+        paths = []
+        for t in trees:
+            node, path = len(t) - 1, []
+            while node >= 0:
+                path.insert(0, node)
+                node = int(t.parents[node])
+            paths.append(path)
         nxt = a.logits[:, 0].argmax(-1)
         plain.commit(s1, paths, nxt)
         lean.commit(s2, paths, nxt)
-        assert all(torch.equal(x.keys, y.keys) for x, y in zip(s1.cache.layers, s2.cache.layers))
+        assert all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
+                   for x, y in zip(s1.cache.layers, s2.cache.layers))
 
 
 def test_lean_says_what_it_cannot_run():
@@ -118,4 +131,29 @@ def test_lean_says_what_it_cannot_run():
         LeanForward(eager)
     assert TargetAdapter(eager, lean=True)._lean is None  # the model's own forward runs
     assert why_not(torch.nn.Linear(2, 2)) == "no decoder layers"
-    assert "not among" in why_not(A.paligemma().model)  # Gemma layers: another norm, another MLP
+    assert "are not transformers'" in why_not(A.paligemma().model)  # Gemma layers: another norm, another MLP
+
+
+def test_generate_with_lean_verify_passes_equals_generate_at_batch_2():
+    """``mmspec.generate(..., lean=True)``: token for token the target's own greedy ``generate`` (left-padded batch
+    of 2, a lookup drafter's trees), and under classifier-free guidance the lean adapter's guided scores are the
+    model's."""
+    from mmspec import generate
+    from mmspec.target import Guidance, TargetAdapter
+    from mmspec.tree import DraftTree
+
+    m = _model("qwen2")
+    inputs = A.left_pad([[A.BOS, 5, 9, 14, 5, 9, 14, 5, 9], [A.BOS, 8, 30, 2, 8, 30]])
+    ref = m.generate(**inputs, max_new_tokens=24, do_sample=False, pad_token_id=A.PAD)
+    out = generate(m, inputs, drafter="lookup", lean=True, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out.sequences, ref) and out.stats.rounds < 24  # the lookup drafts were used
+    ids = inputs["input_ids"]
+    g = Guidance(1.5, torch.where(inputs["attention_mask"].bool(), torch.full_like(ids, 3), ids))
+    plain, lean = TargetAdapter(m, guidance=g), TargetAdapter(m, guidance=g, lean=True)
+    assert lean._lean is not None
+    s1, _, _ = plain.prefill(ids, {"attention_mask": inputs["attention_mask"]})
+    s2, _, _ = lean.prefill(ids, {"attention_mask": inputs["attention_mask"]})
+    trees = [DraftTree([7, 8, 9], [-1, 0, 0]), DraftTree([4], [-1])]
+    a, _ = plain.score(s1, trees)
+    b, _ = lean.score(s2, trees)
+    assert a.logits.shape[0] == 2 and torch.equal(a.logits, b.logits)
