@@ -83,14 +83,14 @@ def export_student(student: str, src_vla: str, out_vla: str, dtype=torch.bfloat1
     if not same and not _is_export_of(out_vla, src_vla, dtype):
         raise InvalidInputError(f"{out_vla} is not {src_vla} exported in {dtype}: the student would be bound to "
                                 "another backbone (export both with train_vla export --student)")
-    tmp = out + ".tmp"  # written beside, then swapped in: a failure midway leaves the shipped student as it was
+    # written beside, then swapped in: a failure midway leaves the shipped student as it was. No training log: the
+    # package ships models, not results (the record names the run it came from)
+    tmp = out + ".tmp"
     if os.path.isdir(tmp):
         shutil.rmtree(tmp)
     os.makedirs(tmp)
     save_state_compact(load_file(os.path.join(student, EXPERT_NAME)), os.path.join(tmp, EXPERT_NAME), dtype)
     shutil.copy(os.path.join(student, EXPERT_CONFIG), os.path.join(tmp, EXPERT_CONFIG))
-    if os.path.isfile(os.path.join(student, "train_log.jsonl")):
-        shutil.copy(os.path.join(student, "train_log.jsonl"), os.path.join(tmp, "train_log.jsonl"))
     info = {**info, "backbone_sha256_16": backbone_hash(out_vla),
             "distilled_on": info.get("distilled_on", info["backbone_sha256_16"]),
             "exported_from": os.path.abspath(student), "dtype": str(dtype).replace("torch.", "")}
