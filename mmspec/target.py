@@ -351,22 +351,23 @@ class TargetAdapter:
                 mask = torch.zeros(full.shape, dtype=dtype, device=dev).masked_fill_(~full, torch.finfo(dtype).min)
             mask = _twice(mask, c)
         positions = state.positions.for_offsets(offsets.to(dev))
+        run_ids = _twice(input_ids, c)
+        run_positions = positions if c == 1 else torch.cat([positions] * c, dim=-2)
         if self._lean is not None:  # positions and mask are explicit: the per-token type ids have nothing to say
-            out = self._lean(_twice(input_ids, c), position_ids=positions if c == 1 else torch.cat([positions] * c,
-                                                                                                   dim=-2),
-                             attention_mask=mask, cache=state.cache, output_hidden_states=bool(self.hidden_layers))
-            return ScoreOutput(self._logits(out.logits), self._pick_hidden(out)), packed
-        out = self.model(
-            input_ids=_twice(input_ids, c),
-            attention_mask=mask,
-            position_ids=positions if c == 1 else torch.cat([positions] * c, dim=-2),
-            cache=state.cache,
-            use_cache=True,
-            return_dict=True,
-            output_hidden_states=bool(self.hidden_layers),
-            **{k: _twice(v, c) for k, v in kwargs.items() if k != TREE_KWARG},
-            **{k: v for k, v in kwargs.items() if k == TREE_KWARG},
-        )
+            out = self._lean(run_ids, position_ids=run_positions, attention_mask=mask, cache=state.cache,
+                             output_hidden_states=bool(self.hidden_layers))
+        else:
+            out = self.model(
+                input_ids=run_ids,
+                attention_mask=mask,
+                position_ids=run_positions,
+                cache=state.cache,
+                use_cache=True,
+                return_dict=True,
+                output_hidden_states=bool(self.hidden_layers),
+                **{k: _twice(v, c) for k, v in kwargs.items() if k != TREE_KWARG},
+                **{k: v for k, v in kwargs.items() if k == TREE_KWARG},
+            )
         return ScoreOutput(self._logits(out.logits), self._pick_hidden(out)), packed
 
     # ------------------------------------------------------------------ commit
