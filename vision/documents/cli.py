@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from mmspec.errors import InvalidInputError
@@ -83,7 +84,7 @@ def _floats(text: str) -> list:
 
 def run(args) -> int:
     """Run the job from parsed arguments; the exit status (0 all ok, 1 some page failed)."""
-    from .job import ParseConfig, format_summary, parse_documents
+    from .job import ParseConfig, _wait_for_all_ranks, format_summary, parse_documents
 
     settings = GuardSettings(min_repeats=args.loop_repeats, min_tokens=args.loop_min_tokens,
                              max_period=args.loop_max_period, temperatures=_floats(args.temperatures))
@@ -96,5 +97,12 @@ def run(args) -> int:
     summary = parse_documents(cfg)
     if args.json:
         print(json.dumps(summary))
-    print(format_summary(summary), file=sys.stderr)
+    line = format_summary(summary)
+    launched = summary["world_size"] > 1 and os.environ.get("MASTER_ADDR")
+    if launched and summary["rank"] != 0:
+        print(line, file=sys.stderr, flush=True)
+    if launched:  # every other rank's line is out before rank 0's whole-job line, which comes last
+        _wait_for_all_ranks()
+    if not launched or summary["rank"] == 0:
+        print(line, file=sys.stderr, flush=True)
     return 1 if summary["job_failed"] else 0
