@@ -172,11 +172,12 @@ def test_cached_drafting_equals_the_training_forward_text(perm, branch_k):
             assert torch.allclose(lg, ref, atol=1e-4), (r, a)
 
 
-@pytest.mark.parametrize("anchor_feature,refine,rope,context", [
-    (False, 0, "target", "all"), (True, 0, "target", "all"), ("all", 0, "target", "all"), ("all", 1, "target", "all"),
-    (False, 1, "target", "all"), (False, 0, "flat", "all"), ("all", 1, "flat", "all"), (False, 0, "target", "text"),
-    ("all", 1, "flat", "text")])
-def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, refine, rope, context):
+@pytest.mark.parametrize("anchor_feature,refine,rope,context,pointer", [
+    (False, 0, "target", "all", False), (True, 0, "target", "all", False), ("all", 0, "target", "all", False),
+    ("all", 1, "target", "all", False), (False, 1, "target", "all", False), (False, 0, "flat", "all", False),
+    ("all", 1, "flat", "all", False), (False, 0, "target", "text", False), ("all", 1, "flat", "text", False),
+    ("all", 0, "target", "all", True), (True, 1, "target", "all", True), ("all", 0, "flat", "all", True)])
+def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, refine, rope, context, pointer):
     """The same on Qwen2-VL with M-RoPE: context keys take the target's (time, height, width) positions, the
     text after the image continues from the rope delta. A noisy oracle in a union makes rounds accept long
     paths through nodes the head did not draft (the head must still cache the accepted ones). With
@@ -186,8 +187,8 @@ def test_cached_drafting_equals_the_training_forward_qwen2_vl(anchor_feature, re
 
     model = T.build("qwen2_vl")
     head = GlanceDrafter.from_target(model, seed=0, block_size=4, anchor_feature=anchor_feature, refine=refine,
-                                     rope=rope, context=context)
-    assert head.head.n_axes == (1 if rope == "flat" else 3)
+                                     rope=rope, context=context, pointer=pointer)
+    assert head.head.n_axes == (1 if rope == "flat" else 3) and head.head.pointer == pointer
     assert head.head.anchor_feature == anchor_feature and head.head.refine == refine
     inputs = T.make_inputs("qwen2_vl", VL_PROMPTS[:1])
     ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
@@ -237,7 +238,8 @@ def test_greedy_equals_generate_text(perm, branch_k, budget):
                                   "glance;seed=0;block_size=5;refine=1;anchor_feature=all;branch_k=2",
                                   "glance;seed=0;block_size=4;rope=flat",
                                   "glance;seed=0;block_size=5;refine=1;anchor_feature=all;branch_k=2;rope=flat",
-                                  "glance;seed=0;block_size=4;branch_k=2;rope=flat;context=text"])
+                                  "glance;seed=0;block_size=4;branch_k=2;rope=flat;context=text",
+                                  "glance;seed=0;block_size=5;anchor_feature=all;pointer=true;branch_k=2"])
 def test_greedy_equals_generate_qwen_vl(family, spec):
     model = T.build(family)
     drafter = make_drafter(spec, model)
@@ -387,12 +389,68 @@ def test_refine_options_are_checked():
         GlanceDrafter(hidden_size=8, vocab_size=16, layer_ids=(1,), block_size=3, refine=True)
 
 
+def test_pointer_reads_the_values_after_its_match_and_never_past_what_is_visible():
+    """The copy path with hand-set weights: one head whose query and keys match exactly one context position
+    ``j`` (a sharp one-hot score), values and output the identity. Offset ``m`` of the block must read the
+    context vector at ``j + m``; a value the block may not see (past its anchor) reads as zero, and a block that
+    sees nothing reads zero everywhere."""
+    from mmspec.drafters.block import BlockHead
+
+    H, C, Bs = 8, 7, 4
+    head = BlockHead(H, 16, 1, block_size=Bs, num_heads=1, head_dim=H, anchor_feature="all", pointer=True)
+    with torch.no_grad():
+        eye = torch.eye(H)
+        head.pointer_q.weight.copy_(torch.cat([torch.zeros(H, H), 50 * eye], dim=1))  # the query is the state before
+        head.pointer_k.weight.copy_(eye)
+        head.pointer_v.weight.copy_(eye)
+        head.pointer_o.weight.copy_(eye)
+    c = torch.nn.functional.one_hot(torch.arange(C), H).float()[None]  # context vector j = e_j
+    keys, _ = head.pointer_kv(c, torch.zeros(1, C, dtype=torch.long))
+    values = head.layers[0]._split(c)  # the context vectors alone (not the context tokens' embeddings)
+    query = torch.cat([torch.zeros(1, 2, H), c[:, [2, 5]]], dim=-1)  # block 0 matches position 2, block 1 position 5
+    read = head.pointer_read(query, keys, values, None)[0]
+    for m in range(Bs):
+        assert torch.allclose(read[0, m], c[0, 2 + m], atol=1e-3)
+    assert torch.allclose(read[1, :2], c[0, 5:7], atol=1e-3) and read[1, 2:].abs().max() < 1e-3  # past the context
+    visible = torch.ones(1, 2, C, dtype=torch.bool)
+    visible[0, 0, 4:] = False  # block 0 sees positions 0..3 only
+    visible[0, 1] = False
+    read = head.pointer_read(query, keys, values, visible)[0]
+    assert torch.allclose(read[0, :2], c[0, 2:4], atol=1e-3) and read[0, 2:].abs().max() < 1e-3
+    assert read[1].abs().max() == 0
+    with pytest.raises(ValueError, match="needs anchor_feature"):
+        BlockHead(H, 16, 1, block_size=Bs, num_heads=1, pointer=True)
+
+
+def test_pointer_options_are_checked():
+    from mmspec.train import get_trainer
+
+    def cfg(**options):
+        return type("Cfg", (), {"options": options})()
+
+    assert get_trainer("glance").options(cfg(pointer=True, anchor_feature="all"))["pointer"] is True
+    with pytest.raises(InvalidInputError, match="pointer must be true or false"):
+        get_trainer("glance").options(cfg(pointer=1))
+    with pytest.raises(InvalidInputError, match="pointer needs anchor_feature"):
+        get_trainer("glance").options(cfg(pointer=True, anchor_feature=False))
+    with pytest.raises(InvalidInputError, match="context must be"):
+        get_trainer("glance").options(cfg(pointer=True, context="text"))
+    with pytest.raises(InvalidInputError, match="tiger does not train GLANCE's pointer"):
+        get_trainer("tiger").options(cfg(pointer=True))
+    with pytest.raises(ValueError, match="context must be 'all'"):
+        GlanceDrafter(hidden_size=8, vocab_size=16, layer_ids=(1,), block_size=3, anchor_feature=True, pointer=True,
+                      context="text")
+
+
 # --------------------------------------------------------------------------- the sampling law
 LAW = {
     # A sampled chain of 3 (each position drawn from the head's own softmax, q attached), untrained head.
     "glance-stoch-chain": (lambda cond, m: GlanceDrafter.from_target(m, seed=0, block_size=4), 4, {}, 3, 2048),
 }
 SLOW_LAW = {
+    # The copy path (pointer): a sampled chain from a head that reads the values after its match.
+    "glance-pointer-stoch-chain": (lambda cond, m: GlanceDrafter.from_target(m, seed=0, block_size=4, pointer=True,
+                                                                              anchor_feature="all"), 4, {}, 3, 2048),
     # The refinement pass (its first pass's argmax read by the second): a sampled chain from the second pass.
     "glance-refine-stoch-chain": (lambda cond, m: GlanceDrafter.from_target(m, seed=0, block_size=4, refine=1,
                                                                              anchor_feature="all"), 4, {}, 3, 2048),
@@ -556,6 +614,9 @@ def test_fit_rebuilds_the_initial_head_when_its_options_ask_for_another_shape():
     assert len(got.head.layers) == 2 and got.head.anchor_feature and got.fingerprint == saved.fingerprint
     assert torch.equal(got.head.embed_tokens.weight, saved.head.embed_tokens.weight)
     assert torch.equal(got.head.lm_head.weight, saved.head.lm_head.weight)
+    copier = TrainConfig(kind="glance", num_draft_tokens=3, options={"pointer": True, "anchor_feature": "all"})
+    got = trainer.initial_drafter(saved, copier)
+    assert got.head.pointer and got.config_dict()["pointer"] and not saved.head.pointer
 
 
 def test_fit_on_another_kinds_data_checks_the_target(tmp_path):

@@ -21,6 +21,10 @@ the spatial heads later):
   driving VLA's routine reasoner) gives the head 1-D RoPE over each token's sequence index instead
   (:func:`flat_positions`): breaking the target's rotational layout moves the draft's attention off the image
   tokens onto the text and history ones.
+- The pointer (``pointer=True``, a copy path for transcription-like outputs): one soft match per block against
+  the context's *slots* (one per context token: a prompt's ids, image positions as the target's input reads there,
+  see :meth:`BlockDrafter.prompt_tokens`), scored by learnt n-gram weights plus a learnt content score, then offset
+  ``m`` of the block reads the value ``m`` slots after the match (:meth:`BlockHead.pointer_read`).
 - :class:`ContextCache`: the run-time cache of projected context keys/values, one ``[B, h, capacity, d]``
   buffer per layer with per-row lengths. It grows by the committed tokens only (the prompt after prefill,
   then each round's root and accepted path): rejected drafts never enter it.
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -219,9 +224,13 @@ class BlockHead(nn.Module):
                  num_layers: int = 2, num_heads: int | None = None, head_dim: int | None = None,
                  intermediate_size: int | None = None, rms_eps: float = 1e-6, rope_theta: float = 10000.0,
                  mrope_section=None, mrope_interleaved: bool = False, anchor_feature=False, refine: int = 0,
-                 rope: str = "target"):
+                 rope: str = "target", pointer: bool = False):
         super().__init__()
         H = int(hidden_size)
+        if not isinstance(pointer, bool):
+            raise ValueError(f"pointer must be true or false (got {pointer!r})")
+        if pointer and not anchor_feature:
+            raise ValueError("pointer reads from the state before each block: it needs anchor_feature")
         if rope not in ROPE_MODES:
             raise ValueError(f"rope must be one of {ROPE_MODES} (got {rope!r})")
         self.rope = rope
@@ -268,6 +277,32 @@ class BlockHead(nn.Module):
         # on a concrete draft of the others, a recurrence inside the block for one more head pass.
         self.refine = int(refine)
         self.draft_embedding = nn.Parameter(torch.randn(H) * 0.02) if self.refine else None
+        # ``pointer``: a copy path. Transcription, quoting and table filling write what the context already holds,
+        # token after token; attention with rotary keys can learn "the token after the one I matched" only as a
+        # two-hop circuit, which a small head does not learn from a few thousand items (measured on the reader:
+        # with another page's image states swapped in, the plain head's tau moved 1.77 -> 1.74). The pointer makes
+        # the hop explicit: one match per block, then offset m of the block reads the value m positions after the
+        # matched one (``pointer_read``). The match adds a learnt content score (query: the committed token and the
+        # state before it; keys: the context vectors, no rotation) to learnt weights on exact matches of the
+        # committed token and the two before it against each position's *context token* (its id; at an image
+        # position what the target's input there reads as, see ``BlockDrafter.prompt_tokens``): prompt lookup's
+        # n-gram match, soft, from the first step. The pointer's context is a sequence of *slots*, one per context
+        # token, each with the context vector of its position (a position may read as two tokens: the reader's
+        # "space, digit" boxes), so that "m slots after the match" is "m tokens further". Values carry the slot's
+        # context vector and its token's embedding. Slots past the committed context are invisible, so nothing is
+        # read from the future.
+        self.pointer = bool(pointer)
+        if self.pointer:
+            first = self.layers[0]
+            inner = first.heads * first.head_dim
+            self.pointer_q = nn.Linear(2 * H, inner, bias=False)
+            self.pointer_k = nn.Linear(H, inner, bias=False)
+            self.pointer_v = nn.Linear(H, inner, bias=False)
+            self.pointer_e = nn.Linear(H, inner, bias=False)
+            self.pointer_o = nn.Linear(inner, H, bias=False)
+            # per head, the score of a match of 1, 2 and 3 tokens: strong enough at the start that the n-gram
+            # matches take the softmax over a page's hundreds of positions
+            self.pointer_match = nn.Parameter(torch.tensor([[6.0, 3.0, 1.5]]).repeat(first.heads, 1))
 
     @property
     def anchor_feature(self):
@@ -321,8 +356,50 @@ class BlockHead(nn.Module):
         cos, sin = self.rotary(positions, c.dtype)
         return [layer.context_kv(c, cos, sin) for layer in self.layers]
 
+    def pointer_kv(self, c: torch.Tensor, tokens: torch.Tensor) -> tuple:
+        """The pointer's ``(keys, values)[B, h, S, d]`` of ``S`` slots: ``c[B, S, H]`` the context vector of each
+        slot's position, ``tokens[B, S]`` its context token. Keys are unrotated (the pointer matches content, not
+        places); values add the token's embedding to the context vector's projection."""
+        split = self.layers[0]._split
+        v = self.pointer_v(c) + self.pointer_e(self.embed_tokens(tokens).to(c.dtype))
+        return split(self.pointer_k(c)), split(v)
+
+    def pointer_read(self, query_in: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     visible: torch.Tensor | None, match: torch.Tensor | None = None) -> torch.Tensor:
+        """The copy path's read for ``N`` blocks: ``query_in[B, N, 2H]`` (each block's committed-token embedding
+        and the context vector before it), the pointer's ``keys`` / ``values[B, h, S, d]`` over ``S`` slots
+        (:meth:`pointer_kv`), ``visible[B, N, S]`` (``None``: all), ``match[B, h, N, S]`` (optional scores added to the content scores) -> ``[B, N, Bs, H]``:
+        per block offset ``m`` the attention-weighted value ``m`` positions after each matched key, counting only
+        values the block may see (the rest of the weight is dropped, not renormalised: what lies past the
+        committed context is unknown, at run time as in training).
+
+        Example:
+            >>> head = BlockHead(16, 32, 1, block_size=3, num_heads=2, anchor_feature="all", pointer=True)
+            >>> kv = head.pointer_kv(torch.randn(1, 5, 16), torch.arange(5)[None])
+            >>> head.pointer_read(torch.randn(1, 2, 32), *kv, None).shape
+            torch.Size([1, 2, 3, 16])
+        """
+        B, N, _ = query_in.shape
+        first = self.layers[0]
+        h, d = first.heads, first.head_dim
+        C, Bs = keys.shape[2], self.block_size
+        q = self.pointer_q(query_in.to(keys.dtype)).view(B, N, h, d).transpose(1, 2)  # [B, h, N, d]
+        scores = (q @ keys.transpose(-1, -2)) * d ** -0.5  # [B, h, N, C]
+        if match is not None:
+            scores = scores + match.to(scores.dtype)
+        if visible is not None:
+            scores = scores.masked_fill(~visible[:, None], float("-inf"))
+        alpha = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(values.dtype)  # a block seeing nothing: 0
+        # offset m reads value j + m for a match at j: shift the weights m slots to the right
+        padded = F.pad(alpha, (Bs, 0))
+        shifted = torch.stack([padded[..., Bs - m: Bs - m + C] for m in range(Bs)], dim=3)  # [B, h, N, Bs, C]
+        if visible is not None:
+            shifted = shifted * visible[:, None, :, None, :].to(shifted.dtype)
+        read = torch.einsum("bhnmc,bhcd->bnmhd", shifted, values).reshape(B, N, Bs, h * d)
+        return self.pointer_o(read)
+
     def forward(self, tokens, is_mask, positions, context, allowed=None, anchor_context=None, offsets=None,
-                drafts=None):
+                drafts=None, pointer=None):
         """Block pass: ``tokens[B, T]`` (read where ``is_mask[B, T]`` is false), ``positions[B, T, A]``,
         ``context`` per layer ``(k, v)[B, h, C, d]``, ``allowed[B, T, C + T]`` -> ``(logits[B, T, V] float32,
         hidden[B, T, H])``; the logits at a mask position are the head's distribution of the token there.
@@ -330,7 +407,9 @@ class BlockHead(nn.Module):
         to its input (the state before the block at each block's committed token, zeros elsewhere; at every
         position in ``"all"`` mode, where ``tokens`` also repeat the committed token at the masks and ``offsets[T]``
         give each query's offset in its block: see :meth:`anchor_inputs`). ``drafts[B, T]`` (heads with ``refine``:
-        the refinement pass): the tokens a previous pass drafted, read at the mask positions on top of the mask."""
+        the refinement pass): the tokens a previous pass drafted, read at the mask positions on top of the mask.
+        ``pointer`` (heads with a pointer): ``(keys, values, tokens[B, S], visible[B, N, S] | None)`` of the pointer's
+        slots (:meth:`pointer_kv`), what each of the ``N = T / block_size`` blocks may read."""
         emb = self.embed_tokens(tokens)
         if self.anchor_mode == "all":
             if offsets is None:
@@ -350,10 +429,64 @@ class BlockHead(nn.Module):
             if anchor_context is None:
                 raise ValueError("this head reads the state before each block (anchor_feature): pass anchor_context")
             x = x + self.anchor_proj(anchor_context.to(x.dtype))
+        if self.pointer:
+            if pointer is None:
+                raise ValueError("this head has a pointer: pass its slots (pointer=)")
+            x = x + self._pointer_input(tokens, is_mask, anchor_context, pointer)
         cos, sin = self.rotary(positions, x.dtype)
         for layer, (ck, cv) in zip(self.layers, context):
             x = layer(x, cos, sin, ck, cv, allowed)
         return self.lm_head(self.norm(x)).float(), x
+
+    def _pointer_input(self, tokens, is_mask, anchor_context, pointer) -> torch.Tensor:
+        """The pointer's read (:meth:`pointer_read`) laid out as the block's input ``[B, T, H]``: queries are blocks
+        of ``block_size`` consecutive positions (the layout of both :func:`block_forward` and the drafter), each
+        block's query from its first position; added at the mask positions only."""
+        B, T = tokens.shape
+        Bs = self.block_size
+        if T % Bs:
+            raise ValueError(f"a pointer head reads whole blocks of {Bs} (got {T} queries)")
+        first = torch.arange(T // Bs, device=tokens.device) * Bs
+        keys, values, ctx_tokens, visible = pointer
+        committed = tokens[:, first]  # [B, N]
+        query_in = torch.cat([self.embed_tokens(committed).to(keys.dtype), anchor_context[:, first].to(keys.dtype)],
+                             dim=-1)
+        read = self.pointer_read(query_in, keys, values, visible,
+                                 self.pointer_scores(committed, ctx_tokens, visible))
+        read = read.reshape(B, T, -1)
+        return torch.where(is_mask[..., None], read, torch.zeros_like(read))
+
+    def pointer_scores(self, committed: torch.Tensor, ctx_tokens: torch.Tensor,
+                       visible: torch.Tensor | None) -> torch.Tensor:
+        """The n-gram part of the pointer's match, ``[B, h, N, C]``: for block ``n`` (committed token
+        ``committed[B, N]``) and context position ``j``, head ``h``'s learnt weight of a 1-token match
+        (``ctx_tokens[j]`` is the committed token), plus that of a 2-token match (also ``ctx_tokens[j - 1]`` is the
+        block's last visible context token), plus a 3-token one. A block's visible context is a prefix
+        (``visible[B, N, C]``, ``None``: all ``C``), so its last tokens are the ones before its committed token.
+
+        Example:
+            >>> head = BlockHead(8, 16, 1, block_size=2, num_heads=1, anchor_feature="all", pointer=True)
+            >>> head.pointer_scores(torch.tensor([[5]]), torch.tensor([[7, 5, 3, 4, 5, 9, 4]]), None)[0, 0, 0].tolist()
+            [0.0, 6.0, 0.0, 0.0, 9.0, 0.0, 0.0]
+        """
+        B, N = committed.shape
+        C = ctx_tokens.shape[1]
+        n_vis = torch.full((B, N), C, device=committed.device) if visible is None else visible.sum(-1)
+        tok = ctx_tokens[:, None, :].expand(B, N, C)
+
+        def last(k):  # the block's k-th last visible context token (-1 where there is none)
+            at = n_vis - k
+            got = tok.gather(2, at.clamp(min=0)[..., None])[..., 0]
+            return torch.where(at >= 0, got, torch.full_like(got, -1))
+
+        def before(k):  # ctx_tokens[j - k] at every j (-2 where j < k: never equal to a token or to "none")
+            return F.pad(tok, (k, 0), value=-2)[..., :C]
+
+        one = tok == committed[..., None]
+        two = one & (before(1) == last(1)[..., None]) & (last(1)[..., None] >= 0)
+        three = two & (before(2) == last(2)[..., None]) & (last(2)[..., None] >= 0)
+        grams = torch.stack([one, two, three], dim=-1).to(self.pointer_match.dtype)  # [B, N, C, 3]
+        return torch.einsum("bncg,hg->bhnc", grams, self.pointer_match)
 
 
 # ---------------------------------------------------------------------------- run time
@@ -412,9 +545,12 @@ class ContextCache:
         self.k = [torch.zeros(rows, heads, capacity, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         self.lengths = torch.zeros(rows, dtype=torch.long)
+        self.tokens = None  # [rows, capacity] context tokens, for the entry that carries them (a pointer's)
+        self._token_entry = None
 
     def append(self, row: int, kv: list) -> None:
-        """Append one row's new positions: per layer ``(k, v)[1, h, m, d]``."""
+        """Append one row's new positions: per layer ``(k, v)[1, h, m, d]``; an entry ``(k, v, tokens[1, m])``
+        (a pointer's) also keeps its context tokens, given back by :meth:`view`."""
         m = kv[0][0].shape[2]
         n = int(self.lengths[row])
         cap = self.k[0].shape[2]
@@ -425,9 +561,17 @@ class ContextCache:
                     grown = t.new_zeros(t.shape[0], t.shape[1], new, t.shape[3])
                     grown[:, :, :cap] = t
                     bufs[i] = grown
-        for i, (k, v) in enumerate(kv):
-            self.k[i][row, :, n:n + m] = k[0]
-            self.v[i][row, :, n:n + m] = v[0]
+            if self.tokens is not None:
+                self.tokens = F.pad(self.tokens, (0, new - cap))
+        for i, entry in enumerate(kv):
+            self.k[i][row, :, n:n + m] = entry[0][0]
+            self.v[i][row, :, n:n + m] = entry[1][0]
+            if len(entry) == 3:
+                if self.tokens is None:
+                    self.tokens = torch.zeros(self.k[i].shape[0], self.k[i].shape[2], dtype=torch.long,
+                                              device=entry[2].device)
+                    self._token_entry = i
+                self.tokens[row, n:n + m] = entry[2][0]
         self.lengths[row] = n + m
 
     def select_rows(self, rows: list) -> None:
@@ -435,6 +579,8 @@ class ContextCache:
         dev_idx = idx.to(self.k[0].device)
         self.k = [t.index_select(0, dev_idx) for t in self.k]
         self.v = [t.index_select(0, dev_idx) for t in self.v]
+        if self.tokens is not None:
+            self.tokens = self.tokens.index_select(0, idx.to(self.tokens.device))
         self.lengths = self.lengths[idx]
 
     def valid(self) -> torch.Tensor:
@@ -445,7 +591,10 @@ class ContextCache:
     def view(self) -> list:
         """Per layer ``(k, v)`` cut to ``max(lengths)`` slots (views, no copy)."""
         C = int(self.lengths.max()) if len(self.lengths) else 0
-        return [(k[:, :, :C], v[:, :, :C]) for k, v in zip(self.k, self.v)]
+        out = [(k[:, :, :C], v[:, :, :C]) for k, v in zip(self.k, self.v)]
+        if self._token_entry is not None:
+            out[self._token_entry] = (*out[self._token_entry], self.tokens[:, :C])
+        return out
 
 
 class BlockDrafter(TrainableDrafter):
@@ -472,7 +621,7 @@ class BlockDrafter(TrainableDrafter):
                  num_heads: int | None = None, head_dim: int | None = None, intermediate_size: int | None = None,
                  rms_eps: float = 1e-6, rope_theta: float = 10000.0, mrope_section=None,
                  mrope_interleaved: bool = False, anchor_feature=False, refine: int = 0, rope: str = "target",
-                 num_draft_tokens: int | None = None,
+                 pointer: bool = False, num_draft_tokens: int | None = None,
                  branch_k: int = 1, tree_budget: int | None = None, depth_budget: str | None = None,
                  fingerprint: dict | None = None):
         super().__init__(fingerprint=fingerprint)
@@ -481,7 +630,7 @@ class BlockDrafter(TrainableDrafter):
             raise ValueError("layer_ids must name at least one target layer")
         self.head = BlockHead(hidden_size, vocab_size, len(self.layer_ids), block_size, num_layers, num_heads,
                               head_dim, intermediate_size, rms_eps, rope_theta, mrope_section, mrope_interleaved,
-                              anchor_feature, refine, rope)
+                              anchor_feature, refine, rope, pointer)
         first = self.head.layers[0]
         self._shape = {"hidden_size": int(hidden_size), "vocab_size": int(vocab_size), "block_size": int(block_size),
                        "num_layers": int(num_layers), "num_heads": first.heads, "head_dim": first.head_dim,
@@ -489,7 +638,7 @@ class BlockDrafter(TrainableDrafter):
                        "rope_theta": float(rope_theta),
                        "mrope_section": None if mrope_section is None else [int(s) for s in mrope_section],
                        "mrope_interleaved": bool(mrope_interleaved), "anchor_feature": self.head.anchor_feature,
-                       "refine": self.head.refine, "rope": rope}
+                       "refine": self.head.refine, "rope": rope, "pointer": self.head.pointer}
         self.num_draft_tokens = int(num_draft_tokens or block_size - 1)
         self.branch_k = int(branch_k)
         self.tree_budget = None if tree_budget is None else int(tree_budget)
@@ -586,6 +735,7 @@ class BlockDrafter(TrainableDrafter):
     # ------------------------------------------------------------------ run-time state
     def _reset_run(self) -> None:
         self._cache = None
+        self._pcache = None  # the pointer's slots (a pointer head): keys, values and context tokens
         self._slot: dict = {}  # original row -> its row in the cache
         self._stream = None  # StreamPositions of the rows in cache order (next position of the pending token)
         self._paths = None  # original row -> accepted path of the last verify pass, ingested at the next propose
@@ -605,6 +755,13 @@ class BlockDrafter(TrainableDrafter):
         original row ``rows[i]``, ``positions[i][plen, A]``) before they are projected and cached. The base
         head reads them as they are; GLANCE swaps image positions for the shuffled-features ablation."""
         return features
+
+    def prompt_tokens(self, ctx: DraftContext, rows: list, prompts: list) -> list:
+        """Hook: the pointer's slots of each row's prompt (``prompts[i]``: original row ``rows[i]``'s unpadded ids,
+        a ``LongTensor[plen]``) as ``(tokens[S], positions[S])``: the context tokens a pointer head matches and
+        reads, and the prompt position each belongs to (non-decreasing). The base head takes the ids as they are,
+        one slot a position; GLANCE reads its image positions as the tokens their input vectors are nearest to."""
+        return [(p, torch.arange(len(p))) for p in prompts]
 
     def prompt_visible(self, ctx: DraftContext, rows: list, lengths: list) -> list | None:
         """Hook: per original row ``rows[i]``, ``bool[lengths[i]]``: which of its prompt positions the head may
@@ -652,6 +809,13 @@ class BlockDrafter(TrainableDrafter):
         dt, dev = self.head.fc.weight.dtype, self.head.fc.weight.device
         self._cache = ContextCache(len(self.head.layers), first.heads, first.head_dim, len(rows), dt, dev,
                                    capacity=max(ctx.prompt_lengths) + 64)
+        slots = [None] * len(rows)
+        if self.head.pointer:
+            prompts = [torch.as_tensor(np.asarray(seq[:plen]), dtype=torch.long)
+                       for seq, plen in zip(ctx.sequences, ctx.prompt_lengths)]
+            slots = self.prompt_tokens(ctx, rows, prompts)
+            self._pcache = ContextCache(1, first.heads, first.head_dim, len(rows), dt, dev,
+                                        capacity=max(len(t) for t, _ in slots) + 64)
         last = []
         for b, (f, p) in enumerate(zip(prompt_feats, prompt_pos)):
             c = self.head.project_context(f[None])
@@ -659,6 +823,9 @@ class BlockDrafter(TrainableDrafter):
             if visible is not None:
                 keep = visible[b].to(c.device)
                 c, p = c[:, keep], p[keep.to(p.device)]
+            if self.head.pointer:
+                tok, at = (t.to(dev) for t in slots[b])
+                self._pcache.append(b, [(*self.head.pointer_kv(c[:, at], tok[None]), tok[None])])
             self._cache.append(b, self.head.context_kv(c, p[None].to(dev)))
             self.prompt_context(b, rows[b], c[0], ctx)
         self._last_c = torch.stack(last)
@@ -675,6 +842,8 @@ class BlockDrafter(TrainableDrafter):
         if set(ctx.rows) != set(self._slot):  # rows that finished leave the cache
             keep = [self._slot[r] for r in ctx.rows]
             self._cache.select_rows(keep)
+            if self._pcache is not None:
+                self._pcache.select_rows(keep)
             self._stream.select_rows(torch.as_tensor(keep, dtype=torch.long))
             self._last_c = self._last_c[torch.as_tensor(keep, dtype=torch.long, device=self._last_c.device)]
             self._slot = {r: b for b, r in enumerate(ctx.rows)}
@@ -688,6 +857,10 @@ class BlockDrafter(TrainableDrafter):
             idx = torch.tensor([0] + [1 + int(i) for i in path], device=dev)
             steps = torch.arange(len(idx), device=dev)
             pos = (self._stream.next_pos[:, slot].to(dev)[None, :] + steps[:, None])[None]  # [1, m, A]
+            if self.head.pointer:  # a pointer head sees every position, so cache slot i holds the sequence's token i
+                n = int(self._cache.lengths[slot])
+                tok = torch.as_tensor(np.asarray(ctx.sequences[b][n:n + len(idx)]), dtype=torch.long, device=dev)[None]
+                self._pcache.append(slot, [(*self.head.pointer_kv(c[b:b + 1, idx], tok), tok)])
             self._cache.append(slot, self.head.context_kv(c[b:b + 1, idx], pos))
             self._last_c[slot] = c[b, idx[-1]]
             counts.append(len(idx))
@@ -710,7 +883,7 @@ class BlockDrafter(TrainableDrafter):
         pos = start[:, None, :] + torch.arange(Bs, device=dev)[None, :, None]
         kv = self._cache.view()
         if slots.tolist() != list(range(len(self._cache.lengths))):
-            kv = [(k[slots.to(k.device)], v[slots.to(v.device)]) for k, v in kv]
+            kv = [tuple(t[slots.to(t.device)] for t in entry) for entry in kv]
         if B == 1:
             allowed = None  # one row: every cached slot is real and the block sees itself whole
         else:
@@ -722,10 +895,17 @@ class BlockDrafter(TrainableDrafter):
         tokens, anchor_ctx, offsets = self.head.anchor_inputs(tokens[:, None], before)
         tokens = tokens[:, 0]
         anchor_ctx = None if anchor_ctx is None else anchor_ctx[:, 0]
-        logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx, offsets)
+        pointer = None
+        if self.head.pointer:
+            (pk, pv, ptok), = self._pcache.view()
+            if slots.tolist() != list(range(len(self._pcache.lengths))):
+                pk, pv, ptok = (t[slots.to(t.device)] for t in (pk, pv, ptok))
+            pvis = None if B == 1 else self._pcache.valid()[slots].to(dev)[:, None]
+            pointer = (pk, pv, ptok, pvis)
+        logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx, offsets, pointer=pointer)
         if self.head.refine:  # the refinement pass reads the first pass's argmax drafts (deterministic: lossless)
             drafts = self.head.shifted_drafts(tokens, logits, Bs)
-            logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx, offsets, drafts=drafts)
+            logits, _ = self.head(tokens, is_mask, pos, kv, allowed, anchor_ctx, offsets, drafts=drafts, pointer=pointer)
         return logits[:, 1:]
 
     def _sample(self, probs: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
@@ -837,6 +1017,15 @@ def collate_blocks(records: list[dict], block_size: int, num_anchors: int, gener
         anchors[b, :len(pick)] = pick.sort().values
     out = {"tokens": tok, "labels": lab, "features": fea, "positions": pos, "valid": valid, "anchors": anchors,
            "block_size": block_size}
+    # a pointer head's slots (``pointer_tokens`` / ``pointer_pos``: the context tokens and the position each reads
+    # at; a record without them: its own tokens, one slot a position), padded with position T (never visible)
+    slot = [(r["pointer_tokens"], r["pointer_pos"]) if "pointer_tokens" in r else
+            (r["tokens"], torch.arange(len(r["tokens"]))) for r in records]
+    S = max(len(t) for t, _ in slot)
+    out["pointer_tokens"] = torch.zeros(B, S, dtype=torch.long)
+    out["pointer_pos"] = torch.full((B, S), T, dtype=torch.long)
+    for b, (t, at) in enumerate(slot):
+        out["pointer_tokens"][b, :len(t)], out["pointer_pos"][b, :len(t)] = t, at
     if "routable" in records[0]:
         out["routable"] = torch.zeros(B, T, dtype=torch.bool)
         for b, r in enumerate(records):
@@ -916,10 +1105,17 @@ def block_forward(head: BlockHead, batch: dict, context_mask=None, all_passes: b
         anchor_ctx = anchor_ctx.view(B, N * Bs, -1)
     args = (block_tok.reshape(B, N * Bs), is_mask.reshape(B, N * Bs), block_pos.view(B, N * Bs, -1), context,
             allowed, anchor_ctx, offsets.repeat(N))
-    logits, _ = head(*args)
+    pointer = None
+    if head.pointer:  # a slot is visible to the block anchored at a when its position is (before a, and real)
+        ptok, at = batch["pointer_tokens"].to(dev), batch["pointer_pos"].to(dev)
+        seen = visible.gather(1, at.clamp(max=T - 1)) & (at < T)  # [B, S]
+        pvis = (at[:, None, :] < anchors[:, :, None]) & seen[:, None, :]  # [B, N, S]
+        c_slots = c.gather(1, at.clamp(max=T - 1)[..., None].expand(-1, -1, c.shape[-1]))
+        pointer = (*head.pointer_kv(c_slots, ptok), ptok, pvis)
+    logits, _ = head(*args, pointer=pointer)
     passes = [logits]
     if head.refine:  # trained on its own first pass's drafts, as it runs (argmax, no gradient through the choice)
-        logits, _ = head(*args, drafts=head.shifted_drafts(args[0], logits, Bs))
+        logits, _ = head(*args, drafts=head.shifted_drafts(args[0], logits, Bs), pointer=pointer)
         passes.append(logits)
     logits = logits.view(B, N, Bs, -1)[:, :, 1:]  # drafted offsets 1..Bs-1
     tgt_idx = a[:, :, None] + offs[None, None, 1:] - 1  # labels[a + j - 1]

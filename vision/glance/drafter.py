@@ -9,6 +9,13 @@ attends to text positions only, prompt and response, never to image tokens; a tr
 head: the two-reasoner driving VLA's routine reasoner reads the ego history, not the frames) and its registry
 spelling.
 
+The pointer (``pointer=True`` at training, saved with the head): a copy path on top of the block head
+(:class:`~mmspec.drafters.block.BlockHead`). GLANCE's image positions enter it as tokens: each is read as the
+vocabulary token whose input embedding is nearest to the vector the target's language model receives there
+(:func:`~mmspec.vision.glance.head.context_tokens`, from the target's ``hidden_states[0]``, so the head requests
+layer 0 too); the head then matches its committed tokens against the page read that way and reads on from the
+match. With ``image_features=shuffled`` those vectors are another item's too.
+
 Differences from GLANCE's code (``js-lee-AI/GLANCE``, see the research notes): its head keeps 1-D positions
 (here the context keys take the target's M-RoPE positions, so an image token's key knows its row and
 column; ``rope=flat`` gives GLANCE's 1-D sequence indices); its mask token is a vocabulary id (here a learnt
@@ -28,7 +35,7 @@ from mmspec.drafters.block import BlockDrafter
 from mmspec.drafters.base import DraftContext
 from mmspec.errors import InvalidInputError
 
-from .head import ShuffledImageFeatures, image_token_mask
+from .head import ShuffledImageFeatures, context_tokens, image_token_mask, token_pairs
 
 __all__ = ["GlanceDrafter", "CONTEXTS", "IMAGE_FEATURES", "RUN_OPTIONS", "glance_factory"]
 
@@ -63,10 +70,22 @@ class GlanceDrafter(BlockDrafter):
         super().__init__(*args, **kw)
         if context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS} (got {context!r})")
+        if context != "all" and self.head.pointer:
+            # the run-time cache holds only visible positions, so "m slots after the match" would skip the hidden
+            # ones there but not in training: the two would read different values
+            raise ValueError("a pointer head reads every context position: context must be 'all'")
         self.context = context
         self.image_features = image_features
         self._check_image_option()
         self.shuffler = ShuffledImageFeatures()
+        self.embed_shuffler = ShuffledImageFeatures()  # the LM's input vectors at image positions (a pointer head)
+        self._pairs = None  # the target's token pairs (token_pairs), found at the first request
+
+    @property
+    def hidden_layers(self) -> tuple:
+        # a pointer head reads image positions as tokens from the vectors the target's LM receives there
+        layers = super().hidden_layers
+        return tuple(dict.fromkeys((0,) + layers)) if self.head.pointer else layers
 
     def _check_image_option(self) -> None:
         if self.image_features not in IMAGE_FEATURES:
@@ -80,6 +99,23 @@ class GlanceDrafter(BlockDrafter):
             return None
         model = self._target_ref[0]
         return [~image_token_mask(model, ctx.model_inputs, r) for r in rows]
+
+    def prompt_tokens(self, ctx: DraftContext, rows: list, prompts: list) -> list:
+        """Image positions read as the tokens nearest to the target's input vectors there
+        (:func:`~mmspec.vision.glance.head.context_tokens`); with ``image_features="shuffled"`` those vectors are
+        another item's, as its image states are (the ablation takes the whole image away, what it reads as too)."""
+        model = self._target_ref[0]
+        if 0 not in ctx.hidden:
+            raise InvalidInputError("a GLANCE pointer head needs the target's hidden_states[0]; run it through "
+                                    "mmspec.generate (which requests its hidden_layers)")
+        L = ctx.hidden[0].shape[1]
+        embeds = [ctx.hidden[0][b, L - len(p):] for b, p in enumerate(prompts)]
+        if self.image_features == "shuffled":
+            masks = [image_token_mask(model, ctx.model_inputs, r).to(e.device) for r, e in zip(rows, embeds)]
+            embeds = self.embed_shuffler.swap(embeds, masks)
+        if self._pairs is None:
+            self._pairs = token_pairs(model)
+        return [context_tokens(model, p, e, self._pairs) for p, e in zip(prompts, embeds)]
 
     def prompt_features(self, ctx: DraftContext, rows: list, features: list, positions: list) -> list:
         if self.image_features == "own":

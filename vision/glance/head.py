@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["image_token_ids", "image_token_mask", "ShuffledImageFeatures"]
+__all__ = ["image_token_ids", "image_token_mask", "ShuffledImageFeatures", "nearest_tokens", "context_tokens", "token_pairs"]
 
 
 def image_token_ids(config) -> list:
@@ -55,6 +55,84 @@ def image_token_mask(model, model_inputs: dict, row: int) -> torch.Tensor:
     for s in image_token_ids(model.config):
         out |= ids == s
     return out
+
+
+@torch.no_grad()
+def nearest_tokens(table: torch.Tensor, vectors: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """Per row of ``vectors[n, H]`` the index of the nearest row of ``table[V, H]`` (squared distance), computed in
+    float32 in chunks (a page's few hundred vectors against a 49k vocabulary).
+
+    Example:
+        >>> nearest_tokens(torch.eye(3), torch.tensor([[0.1, 0.9, 0.0], [2.0, 0.0, 0.1]])).tolist()
+        [1, 0]
+    """
+    t = table.float()
+    sq = (t * t).sum(1)
+    out = [(2 * v.float() @ t.T - sq).argmax(-1) for v in vectors.split(chunk)] if len(vectors) else []
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=vectors.device)
+
+
+def token_pairs(model) -> list:
+    """Token pairs whose mean input embedding stands for one image token of ``model``: the reader's "space, digit"
+    boxes (its tokenizer writes the space before a number as a token of its own; its front end puts the mean of
+    the two embeddings in such a box). None for other targets.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> token_pairs(SimpleNamespace(config=SimpleNamespace(model_type="qwen2_vl")))
+        []
+    """
+    from mmspec.errors import InvalidInputError
+    from mmspec.vision.reader.drafter import is_reader, space_and_digits
+
+    if not is_reader(model):
+        return []
+    try:
+        space, digits = space_and_digits(model)
+    except InvalidInputError:  # the reader's architecture with another vocabulary: no boxes of two tokens known
+        return []
+    return [(space, d) for d in digits]
+
+
+def context_tokens(model, ids: torch.Tensor, embeds: torch.Tensor, pairs=()) -> tuple:
+    """The pointer's slots of a prompt: what a pointer head matches and reads, ``(tokens[S], positions[S])``.
+    ``ids[plen]`` stay as they are, one slot each, except that an image or video placeholder becomes the token whose
+    input embedding is nearest to the vector the target's language model receives there (``embeds[plen, H]``: the
+    target's ``hidden_states[0]``), or two slots when that vector is nearest to the mean embedding of one of
+    ``pairs`` (:func:`token_pairs`). For the reader, whose front end puts the LM's embedding of the token in each box,
+    that is the page read token by token (what page lookup reads); for another VLM the vocabulary's nearest word to
+    each patch, a weak but honest signal.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> E = torch.eye(4)
+        >>> m = SimpleNamespace(config=SimpleNamespace(image_token_id=3), get_input_embeddings=lambda: SimpleNamespace(weight=E))
+        >>> emb = torch.tensor([[0., 1, 0, 0], [0, 0, 1, 0], [0.5, 0.5, 0, 0]])
+        >>> [t.tolist() for t in context_tokens(m, torch.tensor([1, 3, 3]), emb, pairs=[(0, 1)])]
+        [[1, 2, 0, 1], [0, 1, 2, 2]]
+    """
+    ids = torch.as_tensor(ids, dtype=torch.long).cpu()
+    image = torch.zeros(ids.shape, dtype=torch.bool)
+    for s in image_token_ids(model.config):
+        image |= ids == s
+    if not bool(image.any()):
+        return ids.clone(), torch.arange(len(ids))
+    table = model.get_input_embeddings().weight
+    V = table.shape[0]
+    if pairs:
+        table = torch.cat([table, torch.stack([(table[a] + table[b]) / 2 for a, b in pairs])])
+    read = nearest_tokens(table, embeds[image.to(embeds.device)].to(table.device)).cpu().tolist()
+    tokens, positions, k = [], [], 0
+    for i, t in enumerate(ids.tolist()):
+        if not image[i]:
+            got = [t]
+        else:
+            c = read[k]
+            k += 1
+            got = [c] if c < V else list(pairs[c - V])
+        tokens += got
+        positions += [i] * len(got)
+    return torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
 
 
 class ShuffledImageFeatures:

@@ -19,7 +19,9 @@ input, see :class:`~mmspec.drafters.block.BlockHead`), ``refine`` (0 or 1: a sec
 position reads the first pass's drafts, trained on the head's own first-pass argmax; both passes' losses count),
 ``rope`` (``"target"``: the target's own M-RoPE positions; ``"flat"``: FlatRoPE, 1-D sequence indices; the records
 keep the target's positions either way, so one data stage serves both), ``context`` (``"all"``, or ``"text"``: the
-head never attends to image positions; which ids are images is read from the target's config).
+head never attends to image positions; which ids are images is read from the target's config), ``pointer`` (default
+false: the copy path of :class:`~mmspec.drafters.block.BlockHead`, one content match per block and a read of the
+values after it; needs ``anchor_feature``).
 The block holds ``--num-draft-tokens`` + 1 tokens.
 
 Example:
@@ -38,17 +40,18 @@ from mmspec.train import Trainer
 
 from .drafter import CONTEXTS
 
-__all__ = ["GlanceTrainer", "glance_record", "text_context", "OPTION_DEFAULTS"]
+__all__ = ["GlanceTrainer", "glance_record", "text_context", "OPTION_DEFAULTS", "add_pointer_slots", "pointer_slots"]
 
 OPTION_DEFAULTS = {"num_anchors": 16, "loss_decay": None, "num_layers": 2, "num_kept_layers": 3, "anchor_feature": True,
-                   "refine": 0, "rope": "target", "context": "all"}
+                   "refine": 0, "rope": "target", "context": "all", "pointer": False}
 """GLANCE's training options and their defaults (``loss_decay=None``: ``block_size / 2``)."""
 
 
 @torch.no_grad()
 def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=torch.bfloat16, keep_top: int = 0,
                   reference=None) -> dict:
-    """One record: :func:`~mmspec.drafters.eagle.target_record` plus ``positions[n, A]`` (the target's own
+    """One record: :func:`~mmspec.drafters.eagle.target_record` plus the pointer's slots (:func:`pointer_slots`) and
+    ``positions[n, A]`` (the target's own
     positions of prompt + response: one axis for 1-D RoPE, three for M-RoPE), features stored in
     ``feature_dtype`` (bfloat16 by default: half the disk of float32, and a page's record is mostly its ~300
     image positions times the kept layers; the head trains in float32 on them). ``keep_top``: also the
@@ -56,8 +59,14 @@ def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=t
     from mmspec.drafters.block import context_positions, rope_settings
     from mmspec.drafters.eagle import _extend_inputs, _text_model_inputs, target_record
 
-    rec = target_record(model, inputs, layer_ids, max_new_tokens, keep_top=keep_top, reference=reference)
+
+    # hidden_states[0] too: the vectors the LM receives at the image positions, read as tokens (``context_tokens``)
+    rec = target_record(model, inputs, (0, *layer_ids), max_new_tokens, keep_top=keep_top, reference=reference)
+    H = rec["features"].shape[-1] // (len(layer_ids) + 1)
+    embeds, rec["features"] = rec["features"][:, :H], rec["features"][:, H:]
     full = rec["tokens"]
+    P = int(rec["prompt_len"])
+    rec["pointer_tokens"], rec["pointer_pos"] = pointer_slots(model, full, P, embeds[:P])
     if torch.is_tensor(inputs):
         ext = _text_model_inputs(model, full)
     else:
@@ -73,6 +82,22 @@ def glance_record(model, inputs, layer_ids, max_new_tokens: int, feature_dtype=t
         # past it, and training on it would teach noise.
         rec["labels"][-1] = -100
     return rec
+
+
+def pointer_slots(model, full: torch.Tensor, P: int, prompt_embeds: torch.Tensor) -> tuple:
+    """A record's pointer slots ``pointer_tokens[S]`` / ``pointer_pos[S]``: the prompt's context tokens
+    (:func:`~mmspec.vision.glance.head.context_tokens`, image positions read from the LM's input vectors
+    ``prompt_embeds[P, H]``), then the response's own tokens, one slot a position; what
+    :func:`~mmspec.drafters.block.collate_blocks` hands a pointer head.
+
+    Example:
+        >>> tokens, pos = pointer_slots(model, rec["tokens"], int(rec["prompt_len"]), embeds)   # doctest: +SKIP
+    """
+    from .head import context_tokens, token_pairs
+
+    tok, at = context_tokens(model, full[:P], prompt_embeds, token_pairs(model))
+    n = len(full)
+    return torch.cat([tok, full[P:].cpu()]), torch.cat([at, torch.arange(P, n)])
 
 
 def text_context(batch: dict, hidden_ids) -> dict:
@@ -122,6 +147,14 @@ class GlanceTrainer(Trainer):
         if not (isinstance(opts["anchor_feature"], bool) or opts["anchor_feature"] == "all"):
             raise InvalidInputError(f"{self.kind} option anchor_feature must be true, false or \"all\" "
                                     f"(got {opts['anchor_feature']!r})")
+        if not isinstance(opts["pointer"], bool):
+            raise InvalidInputError(f"{self.kind} option pointer must be true or false (got {opts['pointer']!r})")
+        if opts["pointer"] and not opts["anchor_feature"]:
+            raise InvalidInputError(f"{self.kind} option pointer needs anchor_feature (its query is the state before "
+                                    "each block)")
+        if opts["pointer"] and opts["context"] != "all":
+            raise InvalidInputError(f"{self.kind} option pointer reads every context position: context must be "
+                                    "\"all\"")
         if opts["rope"] not in ROPE_MODES:
             raise InvalidInputError(f"{self.kind} option rope must be one of {ROPE_MODES} (got {opts['rope']!r})")
         if opts["context"] not in CONTEXTS:
@@ -158,11 +191,11 @@ class GlanceTrainer(Trainer):
         return GlanceDrafter.from_target(model, tokenizer, layer_ids=self.layer_ids(cfg, model.config), seed=cfg.seed,
                                          block_size=cfg.num_draft_tokens + 1, num_layers=opts["num_layers"],
                                          anchor_feature=opts["anchor_feature"], refine=opts["refine"],
-                                         rope=opts["rope"], context=opts["context"])
+                                         rope=opts["rope"], context=opts["context"], pointer=opts["pointer"])
 
     #: kind options that shape the drafter, and the drafter config key each one sets
     SHAPE_OPTIONS = {"num_layers": "num_layers", "anchor_feature": "anchor_feature", "refine": "refine",
-                     "rope": "rope", "context": "context"}
+                     "rope": "rope", "context": "context", "pointer": "pointer"}
 
     def initial_drafter(self, drafter, cfg):
         """Rebuild the saved initial head when this fit's options ask for another shape (e.g. a data stage run
@@ -216,3 +249,89 @@ class GlanceTrainer(Trainer):
         from mmspec.drafters.block import BlockLoss
 
         return BlockLoss(drafter, self.loss_setup(drafter, cfg)[1])
+
+
+@torch.no_grad()
+def add_pointer_slots(data_dir: str, target: str, dtype: str | None = None, progress: bool = True) -> int:
+    """Add the pointer's slots (:func:`pointer_slots`) to the records of a data stage run before they existed,
+    without re-running the target's rollouts: per record, the item is prepared again and the target runs its
+    embedding step (one prompt forward: ``hidden_states[0]``). Shards that have them are skipped, each shard is
+    rewritten atomically with its own metadata, so a stopped run resumes. ``dtype``: the target's (default: the
+    one the data was collected in). Returns the number of shards rewritten.
+
+    ``python -m mmspec.vision.glance.train add-pointer-slots DATA --target T``
+
+    Example:
+        >>> add_pointer_slots("runs/reader-drafters/data-run/data", "vision/assets/reader")   # doctest: +SKIP
+        25
+    """
+    import glob
+    import json
+    import os
+
+    from safetensors import safe_open
+    from tqdm.auto import tqdm
+
+    from mmspec.pipelines import MMSpecPipeline
+    from mmspec.train import read_shard, write_shard
+    from mmspec.workloads import get_workload
+
+
+    paths = sorted(glob.glob(os.path.join(data_dir, "shard-*.safetensors")))
+    if not paths:
+        raise InvalidInputError(f"no shards in {data_dir}")
+    todo = []
+    for path in paths:
+        with safe_open(path, framework="pt") as f:
+            if "pointer_tokens" not in f.keys():
+                todo.append((path, {k: json.loads(v) for k, v in (f.metadata() or {}).items()
+                                    if k not in ("n_records", "scalar_keys")}))
+    if not todo:
+        return 0
+    dtype = dtype or (todo[0][1].get("settings") or {}).get("dtype") or "auto"
+    pipe = MMSpecPipeline.from_pretrained(target, dtype=dtype)
+    model = pipe.model.eval()
+    workloads = {}
+    bar = tqdm(total=len(todo), desc="pointer slots", disable=not progress)
+    for path, meta in todo:
+        records = read_shard(path)
+        items = meta.get("items") or []
+        if len(items) != len(records):
+            raise InvalidInputError(f"{path} does not name its items; collect its data again")
+        for rec, item in zip(records, items):
+            name, split, idx = item.rsplit("/", 2)
+            ex = workloads.setdefault(name, get_workload(name)).example(split, int(idx))
+            inputs = dict(pipe.prepare(images=ex.images or None, prompt=ex.prompt))
+            P = int(rec["prompt_len"])
+            if not torch.equal(inputs["input_ids"][0].cpu(), rec["tokens"][:P]):
+                raise InvalidInputError(f"{path}: item {item} no longer prepares to the recorded prompt")
+            inputs = {k: (v.to(model.device) if torch.is_tensor(v) else v) for k, v in inputs.items()}
+            embeds = model(**inputs, output_hidden_states=True, return_dict=True).hidden_states[0][0]
+            rec["pointer_tokens"], rec["pointer_pos"] = pointer_slots(model, rec["tokens"], P, embeds.cpu())
+            rec.pop("context_tokens", None)  # a field of an earlier layout of this change
+        write_shard(path, records, meta)
+        bar.update(1)
+    bar.close()
+    return len(todo)
+
+
+def main(argv=None) -> None:
+    """``python -m mmspec.vision.glance.train add-pointer-slots DATA --target T [--dtype D] [--threads N]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mmspec.vision.glance.train")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add = sub.add_parser("add-pointer-slots", help="add a pointer head's slots to older GLANCE/TIGER data")
+    add.add_argument("data")
+    add.add_argument("--target", required=True)
+    add.add_argument("--dtype", default=None, help="the target's dtype (default: the data's)")
+    add.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    n = add_pointer_slots(args.data, args.target, args.dtype)
+    print(f"pointer slots added to {n} shard(s) of {args.data}")
+
+
+if __name__ == "__main__":
+    main()

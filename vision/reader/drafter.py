@@ -23,7 +23,7 @@ import torch
 from mmspec.drafters.lookup import PromptLookupDrafter, _NgramIndex
 from mmspec.errors import InvalidInputError
 
-__all__ = ["PageLookupDrafter", "page_lookup_factory", "read_tiles"]
+__all__ = ["PageLookupDrafter", "page_lookup_factory", "read_tiles", "is_reader", "space_and_digits"]
 
 
 @torch.no_grad()
@@ -55,7 +55,7 @@ class PageLookupDrafter(PromptLookupDrafter):
         cfg = target.config
         self.image_token_id = int(cfg.image_token_id)
         E = target.get_input_embeddings().weight.detach().float()
-        tok_space, digits = (space_id, list(digit_ids)) if space_id is not None else _space_and_digits(target)
+        tok_space, digits = (space_id, list(digit_ids)) if space_id is not None else space_and_digits(target)
         self.vocab = E.shape[0]
         self.space_id, self.digit_ids = tok_space, digits
         self.table = target_table(E, tok_space, digits)
@@ -97,8 +97,13 @@ class PageLookupDrafter(PromptLookupDrafter):
         return trees
 
 
-def _space_and_digits(target):
-    """The token ids of a space and the ten digits in the target's vocabulary (SmolLM2's, for the reader)."""
+def space_and_digits(target):
+    """The token ids of a space and the ten digits in the target's vocabulary (SmolLM2's, for the reader).
+
+    Example:
+        >>> space_and_digits(reader_model)[0]                                           # doctest: +SKIP
+        216
+    """
     from .workloads import reader_tokenizer
 
     tok = reader_tokenizer()
@@ -108,14 +113,26 @@ def _space_and_digits(target):
             [tok(str(d), add_special_tokens=False)["input_ids"][0] for d in range(10)])
 
 
+def is_reader(model) -> bool:
+    """Whether ``model`` has the reader's architecture: an Idefics3 target reading 64 px token tiles, one image
+    token each (its vocabulary is checked where it matters, by :func:`space_and_digits`).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> is_reader(SimpleNamespace(config=SimpleNamespace(model_type="llama")))
+        False
+    """
+    cfg = getattr(model, "config", None) if model is not None else None
+    vision = getattr(cfg, "vision_config", None)
+    return not (cfg is None or getattr(cfg, "model_type", None) != "idefics3" or getattr(vision, "image_size", None) != 64
+                or getattr(cfg, "scale_factor", None) != 4)
+
+
 def page_lookup_factory(target_model, path=None, **options):
     """``make_drafter("page-lookup", reader)``: refuses targets that are not readers and any path."""
     if path:
         raise InvalidInputError(f"page-lookup takes no path (got 'page-lookup:{path}')")
-    cfg = getattr(target_model, "config", None) if target_model is not None else None
-    vision = getattr(cfg, "vision_config", None)
-    if cfg is None or getattr(cfg, "model_type", None) != "idefics3" or getattr(vision, "image_size", None) != 64 \
-            or getattr(cfg, "scale_factor", None) != 4:
+    if not is_reader(target_model):
         raise InvalidInputError("page-lookup drafts for the reader (an Idefics3 target reading 64 px token tiles, "
                                 "one image token each); use 'lookup' for other targets")
     try:

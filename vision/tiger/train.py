@@ -252,6 +252,9 @@ class TigerTrainer(GlanceTrainer):
             raise InvalidInputError(f"tiger option {e}") from e
         if opts["context"] != "all":  # the router picks among image positions: they must be in the context
             raise InvalidInputError("tiger routes over the image positions: context must be \"all\"")
+        if opts["pointer"]:  # the router's additive mask decides what a block sees; the pointer's shifted read would
+            # lose every value the router left out
+            raise InvalidInputError("tiger does not train GLANCE's pointer (pointer must be false)")
         if opts["refine"]:  # its distillation and policy losses score one pass
             raise InvalidInputError("tiger does not train GLANCE's refinement pass (refine must be 0)")
         if opts["stage"] not in STAGES:

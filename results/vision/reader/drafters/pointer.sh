@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Issue 33, GLANCE with the pointer (copy path) on the reader. Resumable: run again after a stop and it continues.
+# Usage: bash results/vision/reader/drafters/pointer.sh [WORKDIR]   (WORKDIR as drafters.sh's: its data stage, step 1)
+set -euo pipefail
+W=${1:-runs/reader-drafters}
+MMSPEC=${MMSPEC:-mmspec}
+PY=${PY:-python}
+# 1. drafters.sh step 1 (the data stage: 800 items, layers 2 / 15 / 29), then the pointer's slots added to its records
+#    (the data stage of this code writes them itself; this upgrades data collected before): ~8 min at one thread.
+$PY -m mmspec.vision.glance.train add-pointer-slots "$W/data-run/data" --target vision/assets/reader --threads 1
+# 2. GLANCE with the pointer: blocks of 8, 2 layers, 32 anchors a record, 400 steps of batch 8 (~5 s a step here)
+$MMSPEC train --kind glance --stage fit --data "$W/data-run/data" --target vision/assets/reader --steps 400 \
+    --batch-size 8 --lr 3e-3 --warmup 40 --val-shards 1 --save-every 25 --layer-ids 2,15,29 --num-draft-tokens 7 \
+    --options '{"num_anchors": 32, "num_layers": 2, "anchor_feature": "all", "pointer": true}' --threads 2 \
+    --out "$W/glance-slots" --resume --no-progress
