@@ -146,19 +146,20 @@ def bench_driving(model: str, examples: list, cfg, progress: bool = True) -> lis
 # ---------------------------------------------------------------------------- mmspec drive-sim
 FEWSTEP = "<--expert>"  # stands for the distilled expert: drive-sim's expert= folder, else the one the VLA ships
 SIM_SYSTEMS = {"plain": None, "engine": {"vision_cache": False, "stream": False, "step_cache": None, "system": False,
-                                        "spec": False, "lean_expert": False, "lean_lm": False},
+                                        "spec": False, "lean_expert": False, "lean_lm": False, "lean_vision": False},
                "vision_cache": "vision_cache", "stream": "stream", "stream-shift": "stream-shift",
                "stream-refresh2": {"step_cache": None, "system": False, "refresh_every": 2, "spec": False,
-                                   "lean_expert": False, "lean_lm": False},
+                                   "lean_expert": False, "lean_lm": False, "lean_vision": False},
                "step_cache": "step_cache", "step_cache_fixed": "step_cache_fixed", "system": "system", "spec": "spec",
                "flashdrive": True, "flashdrive-stepcache": {"expert": None, "frame_mask": False},
                "flashdrive-refresh2": {"refresh_every": 2}, "flashdrive-framemask": {"frame_mask": True},
                "flashdrive-fullmask": {"frame_mask": False},
                "flashdrive-noreuse": {"reuse_reasoning": False}, "lean_expert": "lean_expert",
                "flashdrive-nolean": {"lean_expert": False}, "lean_lm": "lean_lm",
-               "flashdrive-noleanlm": {"lean_lm": False},
+               "flashdrive-noleanlm": {"lean_lm": False}, "lean_vision": "lean_vision",
+               "flashdrive-noleanvision": {"lean_vision": False}, "flashdrive-patchmatmul": {"patch_matmul": True},
                "fewstep": {"vision_cache": False, "stream": False, "step_cache": None, "system": True, "spec": False,
-                           "expert": FEWSTEP, "lean_expert": False, "lean_lm": False},
+                           "expert": FEWSTEP, "lean_expert": False, "lean_lm": False, "lean_vision": False},
                "flashdrive-fewstep": {"step_cache": None, "expert": FEWSTEP}}
 """The systems ``mmspec drive-sim`` knows: ``plain`` (``generate``), ``engine`` (FlashDrive's tick runner with every
 mechanism off: a control for the mechanisms measured alone), each mechanism alone (``spec``: speculative reasoning,
@@ -171,7 +172,8 @@ streaming mask when the VLA was fine-tuned with it); ``flashdrive-noreuse`` with
 drafting the last tick's reasoning first; ``lean_expert`` the action expert's head calls without the transformers call
 stack (exact; alone, over the VLA's own 10-step expert), ``flashdrive-nolean`` FlashDrive without it; ``lean_lm``
 the language model's passes without it (exact; alone, in the engine's own loop), ``flashdrive-noleanlm`` FlashDrive
-without that;
+without that; ``lean_vision`` the vision tower's encodes without it (exact; alone), ``flashdrive-noleanvision``
+FlashDrive without that, ``flashdrive-patchmatmul`` FlashDrive with the patch embedding as one matmul (approximate);
 ``flashdrive-fewstep`` with the few-step expert in place of the step
 cache). The few-step systems take ``--expert DIR`` (a :mod:`mmspec.drivers.distill` student of the VLA's expert)
 or, without it, the student the VLA folder ships (``fewstep/``)."""

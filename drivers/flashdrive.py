@@ -47,6 +47,14 @@ One tick of :class:`~mmspec.drivers.pipeline.DrivingPipeline` with ``flashdrive=
   full, the reasoning decode's steps and the speculative verify passes) run through :class:`mmspec.lean.LeanForward`:
   the layers' own weights through the same ops without the transformers call stack (bit for bit the model's
   numbers, tested), which on this 4-layer model is as much time as the arithmetic.
+* **lean vision tower** (``lean_vision``, exact): the frames that miss the vision cache are encoded through
+  :class:`mmspec.lean_vision.LeanVision`: the tower's own weights through the same ops without the transformers call
+  stack, the rotary angles and attention lengths built once per frame grid instead of every tick (bit for bit
+  ``get_image_features``, tested). Where it cannot run the tower (not sdpa, another tower class) the model's own
+  ``get_image_features`` runs and :meth:`FlashDriveEngine.describe` says so.
+* **patch matmul** (``patch_matmul``, approximate; off by default, implies ``lean_vision``): the lean tower's Conv3d
+  patch embedding as one matmul over the flattened patches: the same sum in another order, so the features differ
+  from the conv's in the last bits.
 
 Streaming state lives between ticks of one clip. ``tick`` makes breaks detectable: the next tick of a stream
 must be the last one plus one, from the same cameras, with a window whose first frames are the last window's
@@ -75,6 +83,7 @@ import torch
 from mmspec.drafters.base import DraftContext, Drafter
 from mmspec.errors import InvalidInputError, MMSpecError
 from mmspec.lean import LeanForward, why_not as lean_why_not
+from mmspec.lean_vision import LeanVision, why_not as lean_vision_why_not
 from mmspec.tree import DraftTree
 
 from .stages import StageClock
@@ -83,8 +92,10 @@ from .vla import LeanExpert, StepCache, attention_mask_for
 __all__ = ["FlashDriveConfig", "FlashDriveEngine", "StreamBreakError", "rerotate_keys", "MECHANISMS", "DRAFTER_DIR",
            "bundled_drafter", "ReasoningReuseDrafter"]
 
-MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec", "lean_expert", "lean_lm")
-"""The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``)."""
+MECHANISMS = ("vision_cache", "stream", "step_cache", "fewstep", "system", "spec", "lean_expert", "lean_lm",
+              "lean_vision", "patch_matmul")
+"""The mechanism names :meth:`FlashDriveConfig.parse` accepts (``stream`` implies ``vision_cache``, ``patch_matmul``
+``lean_vision``)."""
 
 DRAFTER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "driving-drafter")
 """The bundled reasoning drafter (a GLANCE block head trained with ``mmspec train`` on the bundled VLA's own greedy
@@ -130,6 +141,10 @@ class FlashDriveConfig:
             numbers without the transformers call stack; the context's K/V, mask and rotation set up once per tick).
         lean_lm: the language model's prefill, decode and verify passes through :class:`mmspec.lean.LeanForward`
             (exact: the same numbers without the transformers call stack).
+        lean_vision: the vision tower's encodes through :class:`mmspec.lean_vision.LeanVision` (exact: the same
+            features without the transformers call stack; the rotary angles and attention lengths cached per grid).
+        patch_matmul: in the lean vision tower, the Conv3d patch embedding as one matmul (approximate: another
+            summation order, not the conv's bits; turns ``lean_vision`` on).
         expert: the action expert that integrates the flow. ``"auto"`` (default): where the step cache is on, the
             few-step student the VLA folder ships (``fewstep/``, :func:`mmspec.drivers.bundled.bundled_student`)
             replaces it when there is one distilled on this backbone; otherwise the VLA's own expert (which one ran
@@ -160,6 +175,8 @@ class FlashDriveConfig:
     expert: object = "auto"
     lean_expert: bool = True
     lean_lm: bool = True
+    lean_vision: bool = True
+    patch_matmul: bool = False
 
     def __post_init__(self):
         if self.step_cache not in (None, "adaptive", "fixed"):
@@ -174,6 +191,8 @@ class FlashDriveConfig:
             raise InvalidInputError(f"spec must be True, False or 'auto' (got {self.spec!r})")
         if self.stream and not self.vision_cache:
             object.__setattr__(self, "vision_cache", True)  # a kept frame's features are what streaming keeps
+        if self.patch_matmul and not self.lean_vision:
+            object.__setattr__(self, "lean_vision", True)  # the matmul replaces the conv inside the lean tower
         StepCache(self.step_cache or "adaptive", self.threshold, self.cache_steps)  # validates the settings
         if self.expert == "bundled":
             object.__setattr__(self, "step_cache", None)  # the student integrates in its own few steps
@@ -215,7 +234,7 @@ class FlashDriveConfig:
             if names == ["flashdrive"] or names == ["all"]:
                 return cls()
             kw = dict(vision_cache=False, stream=False, step_cache=None, system=False, spec=False, expert=None,
-                      frame_mask=False, lean_expert=False, lean_lm=False)
+                      frame_mask=False, lean_expert=False, lean_lm=False, lean_vision=False)
             for n in names:
                 if n == "stream-shift":
                     kw.update(stream=True, rerotate=False)
@@ -239,17 +258,18 @@ class FlashDriveConfig:
         """The mechanisms switched on, in :data:`MECHANISMS` order."""
         on = {"vision_cache": self.vision_cache, "stream": self.stream, "step_cache": self.step_cache is not None,
               "fewstep": self.expert not in (None, "auto"), "system": self.system, "spec": bool(self.spec),
-              "lean_expert": self.lean_expert, "lean_lm": self.lean_lm}
+              "lean_expert": self.lean_expert, "lean_lm": self.lean_lm, "lean_vision": self.lean_vision,
+              "patch_matmul": self.patch_matmul}
         return [m for m in MECHANISMS if on[m]]
 
     @property
     def exact(self) -> bool:
-        """Whether every mechanism on is exact (the vision cache, the system level and greedy-verified speculative
-        reasoning are; streaming, step caching and the few-step expert approximate; ``expert="auto"`` picks a student
-        only in place of the step cache). Speculative reasoning is exact in fp32 only: :attr:`FlashDriveEngine.exact`
-        also reads the model's dtype."""
+        """Whether every mechanism on is exact (the vision cache, the system level, the lean passes and greedy-verified
+        speculative reasoning are; streaming, step caching, the few-step expert and the patch matmul approximate;
+        ``expert="auto"`` picks a student only in place of the step cache). Speculative reasoning is exact in fp32
+        only: :attr:`FlashDriveEngine.exact` also reads the model's dtype."""
         return not self.stream and self.step_cache is None and self.expert in (None, "auto") \
-            and self.frame_mask is not True
+            and self.frame_mask is not True and not self.patch_matmul
 
     def step_cache_policy(self) -> StepCache | None:
         return None if self.step_cache is None else StepCache(self.step_cache, self.threshold, self.cache_steps)
@@ -391,8 +411,10 @@ class ReasoningReuseDrafter(Drafter):
 
 
 def _frame_key(img) -> str:
-    a = np.asarray(img)
-    return hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest() + f"{a.shape}"
+    """A frame's content key: blake2b over its pixels' bytes (C order) and its shape. hashlib reads the array's
+    buffer itself, so no ``tobytes()`` copy (the same bytes, the same key; a strided array is made contiguous)."""
+    a = np.ascontiguousarray(np.asarray(img))
+    return hashlib.blake2b(a, digest_size=16).hexdigest() + f"{a.shape}"
 
 
 @dataclass
@@ -467,6 +489,9 @@ class FlashDriveEngine:
         self._adapter = None
         self.lean_lm_off = lean_why_not(self.backbone) if config.lean_lm else ""
         self._lean = LeanForward(self.backbone) if config.lean_lm and not self.lean_lm_off else None
+        self.lean_vision_off = lean_vision_why_not(self.backbone) if config.lean_vision else ""
+        self._lean_vision = LeanVision(self.backbone, patch_matmul=config.patch_matmul) \
+            if config.lean_vision and not self.lean_vision_off else None
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -521,7 +546,10 @@ class FlashDriveEngine:
             px = ip(images=[images[i] for i in missing], return_tensors="pt")
             pv = px["pixel_values"].to(self.backbone.device, self.backbone.model.visual.dtype)
             grid = px["image_grid_thw"].to(self.backbone.device)
-            feats = self.backbone.model.get_image_features(pv, grid).pooler_output
+            if self._lean_vision is not None:  # the host grid: the lean set-up's cache key without a device sync
+                feats = self._lean_vision(pv, px["image_grid_thw"])
+            else:
+                feats = self.backbone.model.get_image_features(pv, grid).pooler_output
             for j, i in enumerate(missing):
                 out[i] = (feats[j], grid[j])
                 if use_cache:
@@ -850,7 +878,12 @@ class FlashDriveEngine:
         """
         c = self.config
         return (not c.stream and self.step_cache is None and self.student_path is None and not self.frame_mask
-                and (self.drafter is None or self.backbone.dtype == torch.float32))
+                and not self.patch_matmul and (self.drafter is None or self.backbone.dtype == torch.float32))
+
+    @property
+    def patch_matmul(self) -> bool:
+        """Whether the (approximate) patch matmul runs: asked for, and the lean vision tower runs this VLA's tower."""
+        return self._lean_vision is not None and self._lean_vision.patch_matmul
 
     @staticmethod
     def _student(vla, expert, step_cache: bool) -> tuple:
@@ -883,7 +916,8 @@ class FlashDriveEngine:
         lean_off = LeanExpert.why_not(self.expert) if c.lean_expert else ""
         on.update(spec=self.drafter is not None, fewstep=self.student_path is not None,
                   step_cache=self.step_cache is not None, lean_expert=c.lean_expert and not lean_off,
-                  lean_lm=self._lean is not None)
+                  lean_lm=self._lean is not None, lean_vision=self._lean_vision is not None,
+                  patch_matmul=self.patch_matmul)
         parts = [m for m in MECHANISMS if on.get(m)]
         extra = []
         if c.stream:
@@ -892,6 +926,8 @@ class FlashDriveEngine:
             extra.append("frames see only the prompt head and themselves (streaming mask), lossy")
         if self.step_cache is not None:
             extra.append(repr(self.step_cache))
+        if self.patch_matmul:
+            extra.append("patch embedding as one matmul, approximate (not the conv's summation order)")
         if self.student_path is not None:
             extra.append(f"few-step expert: {self.expert.num_steps} steps, lossy")
         elif self.expert_note and c.expert is not None:
@@ -902,4 +938,6 @@ class FlashDriveEngine:
             extra.append(f"lean expert off: {lean_off}")
         if self.lean_lm_off:
             extra.append(f"lean language model off: {self.lean_lm_off}")
+        if self.lean_vision_off:
+            extra.append(f"lean vision tower off: {self.lean_vision_off}")
         return "+".join(parts) + (f" ({', '.join(extra)})" if extra else "")

@@ -33,7 +33,7 @@ try:  # transformers' own SDPA dispatch helpers: lean attends exactly as the mod
 except ImportError:  # pragma: no cover - transformers is a dependency
     _sdpa = None
 
-__all__ = ["LeanForward", "LeanOutput", "run_layers", "rms_norm", "why_not", "LEAN_LAYERS"]
+__all__ = ["LeanForward", "LeanOutput", "run_layers", "rms_norm", "why_not", "replaced_forwards", "LEAN_LAYERS"]
 
 # Decoder layers whose forward run_layers reproduces (checked op for op against transformers 5.25's modelling code).
 LEAN_LAYERS = ("Qwen2DecoderLayer", "Qwen2VLDecoderLayer", "LlamaDecoderLayer")
@@ -98,7 +98,7 @@ def why_not(model) -> str:
         return "the last hidden state is not tied to the normed output"
     if dec.training and getattr(cfg, "attention_dropout", 0.0):
         return "training with attention dropout"
-    if getattr(model, "use_kernels", False):
+    if replaced_forwards(model):
         return "hub kernels replace the layers' forwards"
     if _sdpa is None:
         return "this transformers has no pack_gqa / use_gqa_in_sdpa (its SDPA dispatch is not the one copied here)"
@@ -113,6 +113,27 @@ def why_not(model) -> str:
         if any(hasattr(m, "_hf_hook") for m in mods + [layer]):  # accelerate's (transformers' own only record)
             return "accelerate hooks on the layers (device map or offloading)"
     return ""
+
+
+def replaced_forwards(model, allowed=()) -> list:
+    """The modules of ``model`` (and the kernel functions they hold) whose forward was replaced on the instance, other
+    than those in ``allowed`` (ids): what a lean forward, which runs the layers' own ops, would skip.
+
+    Why not ``model.use_kernels``: transformers 5.25 kernelizes every ``from_pretrained`` model where the ``kernels``
+    package is installed, but a layer keeps its own forward where no hub kernel exists for the device (on CPU, all of
+    them); ``kernels`` marks a replaced one with an instance ``forward`` (and ``_kernel_repo``).
+
+    Example:
+        >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2)); replaced_forwards(m)
+        []
+        >>> m[0].forward = lambda x: x; replaced_forwards(m)
+        ['0']
+    """
+    out = []
+    for name, mod in model.named_modules():
+        held = [(name, mod)] + [(f"{name}.{k}", f) for k, f in (vars(mod).get("_kernel_funcs") or {}).items()]
+        out += [n for n, m in held if id(m) not in allowed and ("forward" in vars(m) or "_kernel_repo" in vars(m))]
+    return out
 
 
 def _attend(a, q, keys, values, mask, is_causal: bool) -> torch.Tensor:

@@ -666,24 +666,76 @@ def test_lean_language_model_changes_no_tick(two_layer, one_layer, world, dtype)
         assert a["stream"] == "reuse"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_vision_changes_no_tick(one_layer, world, dtype):
+    """``lean_vision`` (the frames' encodes through mmspec.lean_vision) gives every cached frame feature and every
+    tick's output bit for bit as ``get_image_features`` does: a full prefill encoding four frames of each of two
+    cameras, then streamed ticks encoding one new frame per camera (the per-grid set-up reused)."""
+    import copy
+
+    vla = one_layer if dtype == torch.float32 else copy.deepcopy(one_layer).to(dtype)
+    cams, cfg = ("front", "left"), {**STREAM, "spec": False}
+    on, off = _pipe(vla, cfg, cams), _pipe(vla, {**cfg, "lean_vision": False}, cams)
+    assert on.engine._lean_vision is not None and off.engine._lean_vision is None
+    assert "lean_vision" in on.engine.describe() and "lean_vision" not in off.engine.describe()
+    assert on.engine.exact == off.engine.exact
+    for k in (20, 21, 22):
+        a, b = _step(on, world, k, cams, tick=k), _step(off, world, k, cams, tick=k)
+        assert a["tokens"] == b["tokens"] and torch.equal(a["first_logits"], b["first_logits"])
+        assert np.array_equal(a["actions"], b["actions"]) and a["stream"] == b["stream"]
+    # two set-ups, reused: the first tick's eight frames, then each streamed tick's new frame per camera
+    assert a["stream"] == "reuse" and len(on.engine._lean_vision._setup) == 2
+    fa, fb = on.engine._features, off.engine._features
+    assert list(fa) == list(fb) and all(torch.equal(fa[key][0], fb[key][0]) for key in fa)
+
+
+def test_patch_matmul_is_approximate_and_close(two_layer, world):
+    """The patch matmul (opt-in) is labelled approximate by the engine and gives features close to the conv's; a tower
+    the lean path cannot run falls back to ``get_image_features``, said by ``describe``."""
+    import copy
+
+    cfg = {"stream": False, "step_cache": None, "spec": False}
+    pm, exact = _pipe(two_layer, {**cfg, "patch_matmul": True}), _pipe(two_layer, cfg)
+    assert pm.engine.patch_matmul and not pm.engine.exact and not exact.engine.patch_matmul and exact.engine.exact
+    assert "patch_matmul" in pm.engine.describe() and "approximate" in pm.engine.describe()
+    a, b = _step(pm, world, 20), _step(exact, world, 20)
+    fa, fb = pm.engine._features, exact.engine._features
+    assert list(fa) == list(fb) and all(torch.allclose(fa[k][0], fb[k][0], rtol=1e-4, atol=1e-5) for k in fa)
+    assert torch.allclose(a["first_logits"], b["first_logits"], rtol=1e-4, atol=1e-4)
+    eager = copy.deepcopy(two_layer)
+    eager.backbone.model.visual.config._attn_implementation = "eager"
+    off = _pipe(eager, {**cfg, "patch_matmul": True})
+    assert off.engine._lean_vision is None and not off.engine.patch_matmul and off.engine.exact
+    assert "lean vision tower off: vision attention 'eager'" in off.engine.describe()
+    assert "lean_vision" not in off.engine.describe().split(" (")[0]
+    _step(off, world, 20)  # the model's own get_image_features runs
+
+
 def test_flashdrive_config_parsing():
     from mmspec.drivers.flashdrive import FlashDriveConfig
 
     assert FlashDriveConfig.parse(None) is None and FlashDriveConfig.parse(False) is None
     full = FlashDriveConfig.parse(True)
-    assert full.names() == ["vision_cache", "stream", "step_cache", "system", "spec", "lean_expert", "lean_lm"] \
-        and not full.exact
+    assert full.names() == ["vision_cache", "stream", "step_cache", "system", "spec", "lean_expert", "lean_lm",
+                            "lean_vision"] and not full.exact
     assert FlashDriveConfig.parse("lean_lm").names() == ["lean_lm"] and FlashDriveConfig.parse("lean-lm").exact
     assert FlashDriveConfig.parse("lean_expert").names() == ["lean_expert"] and FlashDriveConfig.parse("lean-expert").exact
     assert not FlashDriveConfig.parse("system").lean_expert and not FlashDriveConfig.parse("system").lean_lm
+    assert FlashDriveConfig.parse("lean_vision").names() == ["lean_vision"]
+    assert FlashDriveConfig.parse("lean-vision").exact
+    assert not FlashDriveConfig.parse("system").lean_vision and not full.patch_matmul  # the inexact one is opt-in
+    # the patch matmul runs inside the lean tower (it turns it on) and is approximate
+    dict_pm = {"patch_matmul": True, "lean_vision": False, "stream": False, "step_cache": None}
+    for pm in (FlashDriveConfig.parse("patch_matmul"), FlashDriveConfig.parse(dict_pm)):
+        assert pm.lean_vision and pm.names()[-2:] == ["lean_vision", "patch_matmul"] and not pm.exact
     assert full.spec == "auto"  # speculative reasoning where a drafter fits the VLA
     assert FlashDriveConfig.parse("system").names() == ["system"] and FlashDriveConfig.parse("system").exact
     assert FlashDriveConfig.parse("vision_cache,system,spec").exact  # greedy verification: exact
     # A dict keeps the defaults of the fields it leaves out: speculation stays "auto" (on where a drafter fits) unless
     # the dict turns it off; a mechanism list names what runs, so there it is off unless listed.
     assert FlashDriveConfig.parse({"step_cache": None}).spec == "auto"
-    assert FlashDriveConfig.parse({"step_cache": None, "spec": False}).names() == ["vision_cache", "stream", "system",
-                                                                                 "lean_expert", "lean_lm"]
+    assert FlashDriveConfig.parse({"step_cache": None, "spec": False}).names() == [
+        "vision_cache", "stream", "system", "lean_expert", "lean_lm", "lean_vision"]
     assert FlashDriveConfig.parse("stream").spec is False
     for bad in ("warp", {"nope": 1}, {"step_cache": "sometimes"}, {"on_break": "ignore"}, {"spec": "maybe"}, 3):
         with pytest.raises(InvalidInputError):

@@ -2,7 +2,10 @@
 for bit (logits, every hidden state, the cache it appends to) in float32 and bfloat16, for the layer kinds it
 claims, with and without a mask, for one new token and several; the target adapter's verify passes through it are
 the model's own passes (scores, hidden states and committed caches equal over rounds of random trees at batch 2);
-models it cannot run are named with the reason."""
+models it cannot run are named with the reason. ``mmspec.lean_vision``: Qwen2-VL's vision tower without the call stack
+gives ``get_image_features``' per-image features bit for bit (fp32, bf16; one image, two of different grids, a
+two-frame grid), its per-grid set-up cached and reused; the patch matmul is close, not the default; towers it
+cannot run (eager or flash attention, Qwen2.5-VL's windowed tower) are named with the reason."""
 
 import numpy as np
 import pytest
@@ -132,6 +135,13 @@ def test_lean_says_what_it_cannot_run():
     assert TargetAdapter(eager, lean=True)._lean is None  # the model's own forward runs
     assert why_not(torch.nn.Linear(2, 2)) == "no decoder layers"
     assert "are not transformers'" in why_not(A.paligemma().model)  # Gemma layers: another norm, another MLP
+    # from_pretrained kernelizes by default where the kernels package is installed, yet a layer keeps its own forward
+    # where the device has no hub kernel (every layer on CPU): the lean forward still runs; a replaced one is refused
+    kernelized = A.qwen2_text().model
+    kernelized._use_kernels = True
+    assert why_not(kernelized) == ""
+    kernelized.model.layers[0].mlp.forward = lambda x: x
+    assert "hub kernels" in why_not(kernelized)
 
 
 def test_generate_with_lean_verify_passes_equals_generate_at_batch_2():
@@ -157,3 +167,78 @@ def test_generate_with_lean_verify_passes_equals_generate_at_batch_2():
     a, _ = plain.score(s1, trees)
     b, _ = lean.score(s2, trees)
     assert a.logits.shape[0] == 2 and torch.equal(a.logits, b.logits)
+
+
+def _vision_inputs():
+    """``(pixel_values, grid_thw)`` for one image, for two images of different grids, and for one two-frame grid
+    (per-frame attention: two SDPA segments in one item), as the Qwen2-VL image processor lays them out."""
+    one = Q.make_inputs("qwen2_vl", [{"images": [(56, 56)]}])
+    two = Q.make_inputs("qwen2_vl", [{"images": [(56, 56), (28, 56)]}], seed=1)
+    grid = torch.tensor([[2, 4, 4]])
+    frames = torch.randn(int(grid.prod()), one["pixel_values"].shape[1], generator=torch.Generator().manual_seed(2))
+    return [(one["pixel_values"], one["image_grid_thw"]), (two["pixel_values"], two["image_grid_thw"]),
+            (frames, grid)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_vision_is_get_image_features_bit_for_bit(dtype):
+    from mmspec.lean_vision import LeanVision, why_not
+
+    m = Q.build("qwen2_vl").to(dtype)
+    assert why_not(m) == "" and why_not(m.model) == "" and why_not(m.model.visual) == ""
+    lean = LeanVision(m)
+    assert not lean.patch_matmul  # the inexact patch embedding is opt-in
+    for pv, grid in _vision_inputs():
+        ref = m.get_image_features(pv.to(dtype), grid).pooler_output
+        got = lean(pv.to(dtype), grid)
+        assert isinstance(got, tuple) and len(got) == len(ref) == grid.shape[0]
+        assert all(a.dtype == dtype and torch.equal(a, b) for a, b in zip(got, ref))
+    # the set-up is cached per grid: the same grid again (as a tensor or triples) reuses it and gives the same bits
+    n = len(lean._setup)
+    assert n == 3
+    pv, grid = _vision_inputs()[1]
+    again, triples = lean(pv.to(dtype), grid), lean(pv.to(dtype), [tuple(g) for g in grid.tolist()])
+    assert len(lean._setup) == n
+    assert all(torch.equal(a, b) and torch.equal(a, c)
+               for a, b, c in zip(again, triples, m.get_image_features(pv.to(dtype), grid).pooler_output))
+
+
+def test_lean_vision_patch_matmul_is_close_not_the_default():
+    """The patch embedding as one matmul over the flattened patches: the conv's sum in another order, so close to the
+    model's features in fp32 (not claimed equal)."""
+    from mmspec.lean_vision import LeanVision
+
+    m = Q.build("qwen2_vl")
+    lean, exact = LeanVision(m, patch_matmul=True), LeanVision(m)
+    assert lean.patch_matmul and not exact.patch_matmul
+    for pv, grid in _vision_inputs():
+        ref = m.get_image_features(pv, grid).pooler_output
+        assert torch.allclose(lean.embed(pv), exact.embed(pv), rtol=1e-5, atol=1e-5)
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(lean(pv, grid), ref))
+
+
+def test_lean_vision_says_what_it_cannot_run():
+    import copy
+
+    from mmspec.errors import UnsupportedModelError
+    from mmspec.lean_vision import LeanVision, why_not
+
+    m = Q.build("qwen2_vl")
+    for impl in ("eager", "flash_attention_2"):
+        other = copy.deepcopy(m)
+        other.model.visual.config._attn_implementation = impl
+        assert why_not(other) == f"vision attention {impl!r}, not sdpa"
+        with pytest.raises(UnsupportedModelError, match=impl):
+            LeanVision(other)
+    assert "Qwen2_5_VisionTransformerPretrainedModel" in why_not(Q.build("qwen2_5_vl"))  # the windowed tower
+    assert "Linear" in why_not(torch.nn.Linear(2, 2))
+    wrapped = copy.deepcopy(m)
+    wrapped.model.visual.blocks[0].attn.qkv = torch.nn.Sequential(wrapped.model.visual.blocks[0].attn.qkv)
+    assert "plain Linear" in why_not(wrapped)  # its weights are read directly: a wrapper would be skipped
+    # from_pretrained kernelizes by default where the kernels package is installed: the tower keeps its own forwards
+    # (none of its layers has a kernel on this device), so it still runs; a replaced forward is refused
+    kernelized = copy.deepcopy(m)
+    kernelized._use_kernels = True
+    assert why_not(kernelized) == ""
+    kernelized.model.visual.blocks[0].norm1.forward = lambda x: x
+    assert "replaced forward" in why_not(kernelized)

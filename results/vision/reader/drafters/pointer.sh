@@ -13,3 +13,12 @@ $MMSPEC train --kind glance --stage fit --data "$W/data-run/data" --target visio
     --batch-size 8 --lr 3e-3 --warmup 40 --val-shards 1 --save-every 25 --layer-ids 2,15,29 --num-draft-tokens 7 \
     --options '{"num_anchors": 32, "num_layers": 2, "anchor_feature": "all", "pointer": true}' --threads 2 \
     --out "$W/glance-slots" --resume --no-progress
+# 3. the measurements (bf16 = auto on the 2-core AVX-512 BF16 CPU, --threads 2, nothing else running)
+R=results/vision/reader/drafters
+G="$W/glance-slots"
+E=vision/assets/reader/drafters/eagle
+$MMSPEC bench --model vision/assets/reader --workload docs --n 8 --batch-sizes 1,4 --max-new-tokens 320 --threads 2 \
+    --systems "ar,ceiling;depth=7,reference-lookup,page-lookup,eagle:$E,glance:$G,glance:$G;image_features=shuffled,glance:$G;branch_k=2;tree_budget=12,glance:$G & page-lookup" \
+    --json $R/bench-pointer-docs-bs1-4.json
+$MMSPEC bench --model vision/assets/reader --workload charts --n 8 --batch-sizes 1 --max-new-tokens 160 --threads 2 \
+    --systems "ar,ceiling;depth=7,page-lookup,glance:$G,glance:$G;branch_k=2;tree_budget=12" --json $R/bench-pointer-charts-bs1.json
