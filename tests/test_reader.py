@@ -400,8 +400,45 @@ def test_the_shipped_eagle_head_loads_slim_and_auto_keeps_page_lookup(bundled_pi
     assert bar["tau"] > config["validation"]["tau"]
     auto = make_drafter("auto;cache=false", bundled_pipe.model)
     assert auto.kind == "page-lookup"
-    assert any("skipped eagle (bundled)" in n and "not above the fallback page-lookup" in n
-               for n in auto.auto_choice.notes)
+    for kind in ("eagle", "glance"):  # neither shipped head's validation tau beats the page lookup's
+        assert any(f"skipped {kind} (bundled)" in n and "not above the fallback page-lookup" in n
+                   for n in auto.auto_choice.notes), auto.auto_choice.notes
+
+
+@pytest.mark.slow
+def test_the_shipped_glance_head_is_lossless_and_reads_the_page(bundled_pipe):
+    """The GLANCE head with the pointer ships slim (the reader's embedding and LM head come from the reader at
+    load); on a held-out page and a held-out chart in one batch its output is model.generate's token for token,
+    chain and tree; with the other page's image states swapped in (the reading ablation) it keeps far fewer."""
+    import json
+
+    import mmspec
+    from mmspec.registry import make_drafter
+    from mmspec.vision.reader import bundled_reader
+    from mmspec.workloads import get_workload
+
+    head = os.path.join(bundled_reader(), "drafters", "glance")  # it ships with the reader: no skip if it is gone
+    config = json.load(open(os.path.join(head, "config.json")))
+    assert set(config["target_tensors"]) == {"head.embed_tokens.weight", "head.lm_head.weight"}
+    assert config["config"]["pointer"] is True and config["validation"]["tau"] > 3.0
+    assert os.path.getsize(os.path.join(head, "model.safetensors")) < 30e6
+    docs, charts = get_workload("docs"), get_workload("charts")
+    exs = [docs.example("test", 1002), charts.example("test", 1002)]
+    inputs = bundled_pipe.prepare(images=[ex.images for ex in exs], prompt=[ex.prompt for ex in exs])
+    want = bundled_pipe.model.generate(**inputs, max_new_tokens=48, do_sample=False)
+    for spec in ("glance", f"glance:{head};branch_k=2;tree_budget=12"):  # the bare kind: the shipped head
+        got = mmspec.generate(bundled_pipe.model, inputs, drafter=make_drafter(spec, bundled_pipe.model),
+                              max_new_tokens=48, do_sample=False)
+        assert torch.equal(got.sequences, want), spec
+        assert got.stats.mean_accepted_length > 2.5, spec  # an untrained head would keep ~1
+    pages = [docs.example("test", 1003), docs.example("test", 1004)]
+    two = bundled_pipe.prepare(images=[ex.images for ex in pages], prompt=[ex.prompt for ex in pages])
+    taus = {}
+    for mode in ("own", "shuffled"):
+        got = mmspec.generate(bundled_pipe.model, two, max_new_tokens=64, do_sample=False,
+                              drafter=make_drafter(f"glance:{head};image_features={mode}", bundled_pipe.model))
+        taus[mode] = got.stats.mean_accepted_length
+    assert taus["own"] > 3.0 and taus["shuffled"] < 0.8 * taus["own"], taus
 
 
 @pytest.mark.slow

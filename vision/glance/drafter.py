@@ -127,12 +127,20 @@ class GlanceDrafter(BlockDrafter):
 
 def glance_factory(target_model, path=None, tokenizer=None, cls=None, **options):
     """``"glance:PATH"`` loads a saved head (checked against the target's fingerprint, cast to the target's
-    dtype); ``"glance"`` alone builds an untrained one (tests, ablations of exactness). Run options
+    dtype); ``"glance"`` with at most run options loads the head that ships for the target
+    (:func:`mmspec.workloads.bundled_drafter_path`, e.g. the reader's) where one does, else builds an untrained one,
+    as any construction option (``seed``, ``block_size``, ...) does (tests, ablations of exactness). Run options
     (:data:`RUN_OPTIONS`) override the saved ones and are checked before any weights load. ``cls``: a
     subclass to build instead (TIGER's factory passes its own)."""
     cls = cls or GlanceDrafter
     kind = cls.kind
     run = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
+    if not path and not options and target_model is not None:
+        # the bare kind means the trained head where one ships (as ``mmspec bench --systems glance`` reads it), never
+        # a random one next to it
+        from mmspec.workloads import bundled_drafter_path
+
+        path = bundled_drafter_path(kind, target_model)
     for k in ("num_draft_tokens", "branch_k", "tree_budget"):
         if k in run and run[k] is not None and (isinstance(run[k], bool) or not isinstance(run[k], int) or run[k] < 1):
             raise InvalidInputError(f"{kind} option {k} must be a positive integer (got {run[k]!r})")

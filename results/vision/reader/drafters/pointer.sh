@@ -22,3 +22,16 @@ $MMSPEC bench --model vision/assets/reader --workload docs --n 8 --batch-sizes 1
     --json $R/bench-pointer-docs-bs1-4.json
 $MMSPEC bench --model vision/assets/reader --workload charts --n 8 --batch-sizes 1 --max-new-tokens 160 --threads 2 \
     --systems "ar,ceiling;depth=7,page-lookup,glance:$G,glance:$G;branch_k=2;tree_budget=12" --json $R/bench-pointer-charts-bs1.json
+# 4. ship the head with the reader (bf16, without the reader's embedding and LM head: it takes them at load), its
+#    validation block copied from the run
+$PY - "$G" vision/assets/reader/drafters/glance <<'PY'
+import json, sys, torch
+from mmspec import MMSpecPipeline
+from mmspec.vision.glance.drafter import GlanceDrafter
+src, dst = sys.argv[1:]
+reader = MMSpecPipeline.from_pretrained("vision/assets/reader", drafter=None, dtype="float32").model
+GlanceDrafter.from_pretrained(src, target=reader).save_pretrained(dst, dtype=torch.bfloat16)
+cfg = json.load(open(f"{dst}/config.json"))
+cfg["validation"] = json.load(open(f"{src}/config.json"))["validation"]
+json.dump(cfg, open(f"{dst}/config.json", "w"), indent=2, sort_keys=True)
+PY
